@@ -1,0 +1,58 @@
+"""KV caches the loop can roll back, and the one keyword difference between transformers versions.
+
+Invariant kept by the loop for every model it drives (target and draft): the cache holds the key/value
+states of a prefix of the committed sequence. Rolling back after a verification step is one named
+operation, :func:`rollback`: crop the cache to the committed tokens it already covers (for a chain the
+accepted proposals are a prefix of what was fed, so cropping is all it takes).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+# transformers 5.17 passes the cache to custom_generate and to forward() as `past_key_values`;
+# later 5.x name it `cache`.
+CACHE_KEYS = ("cache", "past_key_values")
+
+
+def take_cache(model_kwargs: dict) -> Cache | None:
+    """Pop the cache that ``generate()`` prepared from its model kwargs, whichever name it has."""
+    found = [model_kwargs.pop(key) for key in CACHE_KEYS if key in model_kwargs]
+    return next((cache for cache in found if cache is not None), None)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_kwargs(model, cache: Cache) -> dict:
+    """``{name: cache}`` under the keyword this model's forward() takes."""
+    return {_cache_keyword(type(model)): cache}
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def check_rollback_supported(cache: Cache, who: str) -> None:
+    """Refuse caches whose layers cannot be cropped back to an arbitrary earlier length."""
+    layer_types = {type(layer) for layer in getattr(cache, "layers", [])}
+    if not isinstance(cache, DynamicCache) or layer_types - {DynamicLayer}:
+        names = ", ".join(sorted(t.__name__ for t in layer_types)) or "no layers"
+        raise ValueError(
+            f"{who} needs a KV cache that can roll back rejected tokens: a DynamicCache with full-attention "
+            f"layers. Got {type(cache).__name__} ({names}). Drop `cache_implementation` / the cache you passed, "
+            "or use a model without sliding-window or linear-attention layers."
+        )
+
+
+def rollback(cache: Cache, keep: int) -> None:
+    """Crop ``cache`` so that it holds exactly its first ``keep`` tokens (no-op if it holds fewer)."""
+    excess = cache.get_seq_length() - keep
+    if excess > 0:
+        cache.crop(-excess)

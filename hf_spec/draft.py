@@ -1,0 +1,97 @@
+"""Draft-model speculative decoding: a small model proposes k tokens, the target verifies them at once.
+
+``generate`` is a transformers ``custom_generate`` callable; ``strategy="draft"`` maps onto it.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+from .cache import new_cache
+from .loading import resolve_draft
+from .loop import check_supported, speculative_generate
+from .proposer import Proposal
+from .runner import CachedModel, padding_mask_of
+
+
+class DraftModelProposer:
+    """Proposes k tokens by running the draft k times on its own KV cache.
+
+    The cache covers a prefix of the committed sequence plus the proposals fed so far. Each call feeds
+    whatever committed tokens the cache lacks (the whole prompt the first time, then usually the bonus
+    token), then one token per proposal; the last proposal is never fed. Rejections are forgotten by
+    cropping (``rollback``), never by re-prefilling.
+    """
+
+    name = "draft"
+
+    def __init__(self, draft, padding_mask: torch.Tensor | None):
+        self.draft = CachedModel(draft, new_cache(draft), padding_mask)
+
+    def propose(self, sequence: torch.LongTensor, num_tokens: int, logits_processor: LogitsProcessorList,
+                do_sample: bool) -> Proposal:
+        target_device = sequence.device
+        if num_tokens == 0:
+            return Proposal(tokens=sequence.new_empty(1, 0), probs=None)
+        prefix = sequence.to(self.draft.device)
+        feed = prefix[:, self.draft.cached_length :]
+        probs = []
+        for _ in range(num_tokens):
+            scores = self.draft.forward(feed, logits_to_keep=1).float()  # [1, vocab]
+            if logits_processor:
+                scores = logits_processor(prefix, scores)
+            if do_sample:
+                q = scores.softmax(-1)
+                feed = torch.multinomial(q, num_samples=1)  # [1, 1]
+                probs.append(q)
+            else:
+                feed = scores.argmax(-1, keepdim=True)
+            prefix = torch.cat([prefix, feed], dim=-1)
+        tokens = prefix[:, sequence.shape[1] :].to(target_device)
+        return Proposal(tokens=tokens, probs=torch.cat(probs).to(target_device) if do_sample else None)
+
+    def rollback(self, keep: int) -> None:
+        self.draft.rollback(keep)
+
+
+def generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    draft_model=None,
+    num_speculative_tokens: int = 5,
+    token_streamer=None,
+    tokenizer=None,
+    assistant_tokenizer=None,
+    revision: str | None = None,
+    token=None,
+    **model_kwargs,
+):
+    """Speculative decoding with a draft model, for ``model.generate(custom_generate=...)``.
+
+    draft_model: a model object, a Hub id or a local path sharing the target's tokenizer.
+    num_speculative_tokens: k, the draft tokens proposed per verification step (int >= 1).
+    token_streamer: a streamer (``strategy=`` passes ``streamer=`` here: transformers does not hand its
+    ``streamer`` to custom_generate callables).
+    tokenizer: enables ``stop_strings``; with ``assistant_tokenizer`` also compared with the draft's.
+    """
+    check_supported(model, input_ids, generation_config, "draft")
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be an int >= 1; got {num_speculative_tokens!r}.")
+    draft = resolve_draft(draft_model, model, revision=revision, token=token, target_tokenizer=tokenizer,
+                          draft_tokenizer=assistant_tokenizer)
+    padding_mask = padding_mask_of(model_kwargs)
+    return speculative_generate(
+        model,
+        input_ids,
+        DraftModelProposer(draft, padding_mask),
+        num_speculative_tokens,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        streamer=token_streamer,
+        padding_mask=padding_mask,
+        **model_kwargs,
+    )

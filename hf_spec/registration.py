@@ -1,0 +1,105 @@
+"""The one reversible seam: ``generate(strategy=...)`` on every transformers model.
+
+``register()`` wraps ``GenerationMixin.generate`` so that ``strategy="draft"`` becomes
+``custom_generate=hf_spec.draft.generate`` (transformers' own hook for custom decoding loops), after
+renaming the few keywords a strategy takes under another name. With ``strategy`` absent or None the
+original ``generate`` runs untouched. ``unregister()`` puts the original back.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from dataclasses import dataclass, field
+
+from transformers.generation.utils import GenerationMixin
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    generate_path: str  # "module:function" of the custom_generate callable
+    # generate() keywords the strategy takes under its own name, e.g. assistant_model -> draft_model
+    aliases: dict = field(default_factory=dict)
+
+    @property
+    def generate(self):
+        module, function = self.generate_path.split(":")
+        return getattr(importlib.import_module(module), function)
+
+
+STRATEGIES = {
+    "draft": Strategy("draft", "hf_spec.draft:generate", {"assistant_model": "draft_model"}),
+}
+
+_original_generate = None
+
+
+def strategy_names() -> list[str]:
+    return sorted(STRATEGIES)
+
+
+def get_strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {name!r}. Available: {', '.join(map(repr, strategy_names()))} "
+                         "(or None for plain generate).")
+    return STRATEGIES[name]
+
+
+def strategy_kwargs(name: str, kwargs: dict) -> dict:
+    """The keyword arguments of a ``generate(strategy=name, **kwargs)`` call, mapped onto custom_generate."""
+    strategy = get_strategy(name)
+    if kwargs.get("custom_generate") is not None:
+        raise ValueError("Pass either strategy= or custom_generate=, not both.")
+    kwargs = dict(kwargs)
+    for alias, own_name in strategy.aliases.items():
+        if kwargs.get(alias) is None:
+            kwargs.pop(alias, None)
+            continue
+        if kwargs.get(own_name) is not None:
+            raise ValueError(f"Pass either {alias}= or {own_name}= with strategy={name!r}, not both.")
+        kwargs[own_name] = kwargs.pop(alias)
+    # transformers does not hand `streamer` to custom_generate callables: pass it under our name
+    if kwargs.get("streamer") is not None:
+        kwargs["token_streamer"] = kwargs.pop("streamer")
+    kwargs["custom_generate"] = strategy.generate
+    return kwargs
+
+
+def register() -> None:
+    """Make ``strategy=`` available to every model's ``generate()``. Idempotent."""
+    global _original_generate
+    if _original_generate is not None:
+        return
+    original = GenerationMixin.generate
+
+    @functools.wraps(original)
+    def generate(self, *args, strategy: str | None = None, **kwargs):
+        if strategy is None:
+            return original(self, *args, **kwargs)
+        bound = _bind(original, self, args, kwargs)
+        return original(self, **strategy_kwargs(strategy, bound))
+
+    _original_generate = original
+    GenerationMixin.generate = generate
+
+
+def unregister() -> None:
+    """Restore transformers' own ``generate()``. Idempotent."""
+    global _original_generate
+    if _original_generate is None:
+        return
+    GenerationMixin.generate = _original_generate
+    _original_generate = None
+
+
+def is_registered() -> bool:
+    return _original_generate is not None
+
+
+def _bind(original, self, args, kwargs) -> dict:
+    """Positional arguments of generate() turned into keywords, e.g. (ids, config) -> inputs=, generation_config=."""
+    bound = inspect.signature(original).bind(self, *args, **kwargs).arguments
+    bound.pop("self")
+    extra = bound.pop("kwargs", {})
+    return {**bound, **extra}
