@@ -9,7 +9,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from .cache import new_cache
 from .loading import resolve_draft
-from .loop import check_supported, speculative_generate
+from .loop import check_supported, speculative_generate, with_stop_strings
 from .proposer import Proposal
 from .runner import CachedModel, padding_mask_of
 
@@ -63,8 +63,9 @@ def generate(
     draft_model=None,
     num_speculative_tokens: int = 5,
     token_streamer=None,
-    tokenizer=None,
-    assistant_tokenizer=None,
+    stop_strings=None,
+    target_tokenizer=None,
+    draft_tokenizer=None,
     revision: str | None = None,
     token=None,
     **model_kwargs,
@@ -73,15 +74,17 @@ def generate(
 
     draft_model: a model object, a Hub id or a local path sharing the target's tokenizer.
     num_speculative_tokens: k, the draft tokens proposed per verification step (int >= 1).
-    token_streamer: a streamer (``strategy=`` passes ``streamer=`` here: transformers does not hand its
-    ``streamer`` to custom_generate callables).
-    tokenizer: enables ``stop_strings``; with ``assistant_tokenizer`` also compared with the draft's.
+    token_streamer, target_tokenizer, draft_tokenizer: what ``generate()`` calls ``streamer``, ``tokenizer``
+    and ``assistant_tokenizer`` (``strategy=`` renames them: transformers does not hand those to
+    custom_generate callables). ``stop_strings`` need ``target_tokenizer``; the two tokenizers, when
+    both are known, are compared.
     """
     check_supported(model, input_ids, generation_config, "draft")
+    stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, target_tokenizer)
     if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be an int >= 1; got {num_speculative_tokens!r}.")
-    draft = resolve_draft(draft_model, model, revision=revision, token=token, target_tokenizer=tokenizer,
-                          draft_tokenizer=assistant_tokenizer)
+    draft = resolve_draft(draft_model, model, revision=revision, token=token, target_tokenizer=target_tokenizer,
+                          draft_tokenizer=draft_tokenizer)
     padding_mask = padding_mask_of(model_kwargs)
     return speculative_generate(
         model,

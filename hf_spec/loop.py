@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StopStringCriteria, StoppingCriteriaList
 
 from .cache import check_rollback_supported, new_cache, take_cache
 from .logits import greedy_accept, process_block, speculative_sample
@@ -30,6 +30,16 @@ def check_supported(model, input_ids: torch.LongTensor, generation_config: Gener
     if generation_config.num_beams > 1:
         raise ValueError(f"strategy={strategy!r} does not combine with beam search (num_beams="
                          f"{generation_config.num_beams}). Use num_beams=1.")
+
+
+def with_stop_strings(stopping_criteria: StoppingCriteriaList, stop_strings, tokenizer) -> StoppingCriteriaList:
+    """Add the stop-string criterion that generate() builds itself but cannot for custom_generate callables."""
+    if not stop_strings:
+        return stopping_criteria
+    if tokenizer is None:
+        raise ValueError("stop_strings need the target's tokenizer: pass tokenizer= to generate().")
+    stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+    return StoppingCriteriaList([*stopping_criteria, StopStringCriteria(tokenizer, stop_strings)])
 
 
 def speculative_generate(

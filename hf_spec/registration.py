@@ -28,6 +28,11 @@ class Strategy:
         return getattr(importlib.import_module(module), function)
 
 
+# generate() keywords that transformers keeps from custom_generate callables (it consumes them itself,
+# or drops them): every strategy takes them under these names.
+PASSED_THROUGH = {"streamer": "token_streamer", "tokenizer": "target_tokenizer",
+                  "assistant_tokenizer": "draft_tokenizer"}
+
 STRATEGIES = {
     "draft": Strategy("draft", "hf_spec.draft:generate", {"assistant_model": "draft_model"}),
 }
@@ -52,16 +57,13 @@ def strategy_kwargs(name: str, kwargs: dict) -> dict:
     if kwargs.get("custom_generate") is not None:
         raise ValueError("Pass either strategy= or custom_generate=, not both.")
     kwargs = dict(kwargs)
-    for alias, own_name in strategy.aliases.items():
+    for alias, own_name in {**PASSED_THROUGH, **strategy.aliases}.items():
         if kwargs.get(alias) is None:
             kwargs.pop(alias, None)
             continue
         if kwargs.get(own_name) is not None:
             raise ValueError(f"Pass either {alias}= or {own_name}= with strategy={name!r}, not both.")
         kwargs[own_name] = kwargs.pop(alias)
-    # transformers does not hand `streamer` to custom_generate callables: pass it under our name
-    if kwargs.get("streamer") is not None:
-        kwargs["token_streamer"] = kwargs.pop("streamer")
     kwargs["custom_generate"] = strategy.generate
     return kwargs
 

@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+import hf_spec  # noqa: F401  (registers strategy=)
+from hf_spec.testing import char_tokenizer, contrary_draft, perturbed_draft, tiny_causal_lm
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def target(request):
+    return tiny_causal_lm(request.param, seed=0)
+
+
+@pytest.fixture(scope="session")
+def drafts(target):
+    """Drafts that are always right (the target itself), never right and partly right under greedy."""
+    return {"always": target, "never": contrary_draft(target), "partly": perturbed_draft(target)}
+
+
+@pytest.fixture
+def prompt(tokenizer):
+    return tokenizer("def fib(n):", return_tensors="pt")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
