@@ -37,21 +37,28 @@ class DraftModelProposer:
         feed = prefix[:, self.draft.cached_length :]
         probs = []
         for _ in range(num_tokens):
-            scores = self.draft.forward(feed, logits_to_keep=1).float()  # [1, vocab]
-            if logits_processor:
-                scores = logits_processor(prefix, scores)
-            if do_sample:
-                q = scores.softmax(-1)
-                feed = torch.multinomial(q, num_samples=1)  # [1, 1]
-                probs.append(q)
-            else:
-                feed = scores.argmax(-1, keepdim=True)
+            logits = self.draft.forward(feed, logits_to_keep=1).float()  # [1, vocab]
+            feed, q = self._next_token(logits, prefix, logits_processor, do_sample)  # [1, 1], [1, vocab]
+            probs.append(q)
             prefix = torch.cat([prefix, feed], dim=-1)
         tokens = prefix[:, sequence.shape[1] :].to(target_device)
         return Proposal(tokens=tokens, probs=torch.cat(probs).to(target_device) if do_sample else None)
 
     def rollback(self, keep: int) -> None:
         self.draft.rollback(keep)
+
+    @staticmethod
+    def _next_token(logits, prefix, logits_processor, do_sample):
+        """The draft's choice after ``prefix`` [1, n] and q, the distribution it was drawn from.
+
+        q is taken after the user's processors, exactly like the target's p: e.g. with top_p both
+        put zero mass on the same kind of tail. Greedy drafts need no q (None).
+        """
+        scores = logits_processor(prefix, logits) if logits_processor else logits
+        if not do_sample:
+            return scores.argmax(-1, keepdim=True), None
+        q = scores.softmax(-1)
+        return torch.multinomial(q, num_samples=1), q
 
 
 def generate(

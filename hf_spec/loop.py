@@ -24,12 +24,12 @@ def check_supported(model, input_ids: torch.LongTensor, generation_config: Gener
     if model.config.is_encoder_decoder:
         raise ValueError(f"strategy={strategy!r} supports decoder-only models; {type(model).__name__} is an "
                          "encoder-decoder model. Generate without `strategy`.")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"strategy={strategy!r} supports batch size 1 for now; got {input_ids.shape[0]} rows "
-                         "(num_return_sequences > 1 counts as rows). Call generate() once per prompt.")
     if generation_config.num_beams > 1:
         raise ValueError(f"strategy={strategy!r} does not combine with beam search (num_beams="
                          f"{generation_config.num_beams}). Use num_beams=1.")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"strategy={strategy!r} supports batch size 1 for now; got {input_ids.shape[0]} rows "
+                         "(num_return_sequences > 1 counts as rows). Call generate() once per prompt.")
 
 
 def with_stop_strings(stopping_criteria: StoppingCriteriaList, stop_strings, tokenizer) -> StoppingCriteriaList:
@@ -52,14 +52,12 @@ def speculative_generate(
     generation_config: GenerationConfig,
     streamer=None,
     padding_mask: torch.Tensor | None = None,
-    acceptance_rule=speculative_sample,
     **model_kwargs,
 ):
     """Decode with ``proposer`` drafting and ``model`` verifying; returns what ``generate()`` would.
 
     input_ids: [1, prompt_len]; padding_mask: [1, prompt_len] or None (see ``runner.padding_mask_of``);
     model_kwargs: what ``generate()`` prepared (the cache among them).
-    ``acceptance_rule`` is the sampling rule (greedy decoding always keeps the argmax match).
     """
     start_time = time.perf_counter()
     stats = SpecStats(strategy=proposer.name)
@@ -92,7 +90,7 @@ def speculative_generate(
             logits = target.forward(block, logits_to_keep=proposal.num_tokens + 1)  # [k + 1, vocab]
 
         scores = process_block(logits_processor, sequence, proposal.tokens, logits)  # [k + 1, vocab]
-        num_accepted, bonus = _accept(proposal, scores, do_sample, acceptance_rule)
+        num_accepted, bonus = _accept(proposal, scores, do_sample)
         stats.record_step(proposal.num_tokens, num_accepted)
         target.rollback(committed + num_accepted)
         proposer.rollback(committed + num_accepted)
@@ -108,14 +106,14 @@ def speculative_generate(
     return recorder.build(sequence, cache, stats)
 
 
-def _accept(proposal: Proposal, scores: torch.Tensor, do_sample: bool, acceptance_rule):
+def _accept(proposal: Proposal, scores: torch.Tensor, do_sample: bool):
     """Verification of one chain proposal against processed target scores [k + 1, vocab]:
     (num_accepted, bonus token)."""
     draft_tokens = proposal.tokens[0]
     if not do_sample:
         return greedy_accept(scores, draft_tokens)
     uniforms = torch.rand(proposal.num_tokens + 1, device=scores.device)
-    return acceptance_rule(scores.softmax(-1), proposal.probs, draft_tokens, uniforms)
+    return speculative_sample(scores.softmax(-1), proposal.probs, draft_tokens, uniforms)
 
 
 def _commit(sequence, new_tokens, scores, logits, stopping_criteria, recorder, streamer):

@@ -47,7 +47,8 @@ def speculative_sample(
 ) -> tuple[int, torch.Tensor]:
     """Lossless speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
 
-    target_probs: [k + 1, vocab] p_1..p_{k+1}; draft_probs: [k, vocab] q_1..q_k; draft_tokens: [k];
+    target_probs: [k + 1, vocab] p_1..p_{k+1}; draft_probs: [k, vocab] q_1..q_k (None when k = 0);
+    draft_tokens: [k];
     uniforms: [k + 1] in [0, 1): k acceptance draws and one for the bonus token.
 
     Accept d_i while u_i < p_i(d_i) / q_i(d_i). At the first rejection i, the bonus token comes from
@@ -55,11 +56,13 @@ def speculative_sample(
     The output then follows p exactly, whatever q is.
     """
     k = draft_tokens.shape[0]
+    if k == 0:  # nothing proposed: a plain sampling step
+        return 0, sample_from(target_probs[0], uniforms[0])
     positions = torch.arange(k, device=draft_tokens.device)
     p_d = target_probs[positions, draft_tokens]  # [k]
     q_d = draft_probs[positions, draft_tokens]  # [k]
     accepted = uniforms[:k] * q_d < p_d  # u < p / q, without dividing by q
-    num_accepted = int(accepted.cumprod(0).sum()) if k else 0
+    num_accepted = int(accepted.cumprod(0).sum())
     if num_accepted < k:
         residual = (target_probs[num_accepted] - draft_probs[num_accepted]).clamp_(min=0)
         # p == q at this position leaves no residual mass: then rejection had probability 0 in exact

@@ -1,0 +1,130 @@
+"""Sampling is lossless: the joint distribution of consecutive sampled tokens is the target's.
+
+The target's exact joint distribution over 3 new tokens is enumerated from its logits with the same
+logits processors generate() builds; speculative sampling draws are compared with it by a chi-square
+test at false-alarm rate ALPHA. The same test must catch three deliberately wrong rules.
+"""
+import itertools
+
+import pytest
+import torch
+from scipy import stats
+from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor, TemperatureLogitsWarper,
+                          TopPLogitsWarper)
+
+import hf_spec
+import hf_spec.logits.acceptance as acceptance
+import hf_spec.loop
+from hf_spec.draft import DraftModelProposer
+from hf_spec.testing import tiny_causal_lm
+
+VOCAB, NEW_TOKENS, DRAWS, ALPHA = 6, 3, 800, 1e-3
+SAMPLING = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS)
+PROMPT = torch.tensor([[1, 3, 4]])
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_causal_lm("llama", seed=0, vocab_size=VOCAB, hidden_size=16, initializer_range=0.5)
+    draft = tiny_causal_lm("llama", seed=5, vocab_size=VOCAB, hidden_size=16, initializer_range=0.5)
+    return target, draft
+
+
+def exact_joint(target) -> dict[tuple, float]:
+    """P(t1, t2, t3 | prompt) under the target after generate()'s processors, by enumeration."""
+    processors = LogitsProcessorList([
+        MinNewTokensLengthLogitsProcessor(PROMPT.shape[1], NEW_TOKENS, torch.tensor([2])),
+        TemperatureLogitsWarper(SAMPLING["temperature"]),
+        TopPLogitsWarper(SAMPLING["top_p"]),
+    ])
+
+    def next_probs(prefix):
+        ids = torch.cat([PROMPT, torch.tensor([prefix], dtype=torch.long)], dim=-1)
+        with torch.no_grad():
+            logits = target(ids).logits[:, -1].float()
+        return processors(ids, logits).softmax(-1)[0]
+
+    joint = {}
+    for t1, p1 in enumerate(next_probs([]).tolist()):
+        if p1 == 0:
+            continue
+        for t2, p2 in enumerate(next_probs([t1]).tolist()):
+            if p2 == 0:
+                continue
+            for t3, p3 in enumerate(next_probs([t1, t2]).tolist()):
+                if p3 > 0:
+                    joint[(t1, t2, t3)] = p1 * p2 * p3
+    return joint
+
+
+def chi_square_p_value(samples: list[tuple], joint: dict[tuple, float]) -> float:
+    """Cells with expected count < 5 are pooled into one; a sample outside the support counts there too."""
+    counts = {}
+    for sample in samples:
+        counts[sample] = counts.get(sample, 0) + 1
+    n = len(samples)
+    big = [cell for cell, p in joint.items() if p * n >= 5]
+    observed = [counts.get(cell, 0) for cell in big]
+    expected = [joint[cell] * n for cell in big]
+    observed.append(n - sum(observed))
+    expected.append(n - sum(expected))
+    return stats.chisquare(observed, expected).pvalue
+
+
+def draw(pair, k=2) -> tuple[list[tuple], float]:
+    """DRAWS speculative samples of NEW_TOKENS tokens, and the acceptance rate over all of them."""
+    target, draft = pair
+    torch.manual_seed(0)
+    samples, accepted, proposed = [], 0, 0
+    for _ in range(DRAWS):
+        out = target.generate(PROMPT, strategy="draft", draft_model=draft, num_speculative_tokens=k, **SAMPLING)
+        samples.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
+        accepted += hf_spec.last_stats().accepted
+        proposed += hf_spec.last_stats().proposed
+    return samples, accepted / proposed
+
+
+def test_speculative_sampling_recovers_the_target_distribution(pair):
+    joint = exact_joint(pair[0])
+    assert sum(joint.values()) == pytest.approx(1.0, abs=1e-5)
+    samples, acceptance_rate = draw(pair)
+    assert chi_square_p_value(samples, joint) > ALPHA
+    # the draft differs from the target (else the wrong rules below would be right) but is often accepted
+    assert 0.2 < acceptance_rate < 0.95
+
+
+def _unnormalised_sample_from(probs, uniform):
+    """Inverse CDF without scaling by the total mass: the residual max(0, p - q) is treated as if it summed to 1."""
+    index = torch.searchsorted(probs.cumsum(-1), uniform.unsqueeze(-1), right=True)
+    return index.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+def _bonus_from_draft(target_probs, draft_probs, draft_tokens, uniforms):
+    """Recovered token drawn from the draft's q instead of the residual."""
+    num_accepted, bonus = acceptance.speculative_sample(target_probs, draft_probs, draft_tokens, uniforms)
+    if num_accepted < len(draft_tokens):
+        bonus = acceptance.sample_from(draft_probs[num_accepted], uniforms[-1])
+    return num_accepted, bonus
+
+
+def _draft_q_before_processors(monkeypatch):
+    """Draft tokens drawn after the processors, but q reported from the raw logits."""
+    original = DraftModelProposer._next_token
+
+    def next_token(logits, prefix, processors, do_sample):
+        token, _ = original(logits.clone(), prefix, processors, do_sample)
+        return token, logits.softmax(-1)
+
+    monkeypatch.setattr(DraftModelProposer, "_next_token", staticmethod(next_token))
+
+
+@pytest.mark.parametrize("wrong_rule", ["residual not renormalised", "draft before processors", "bonus from draft"])
+def test_wrong_rules_are_caught(pair, monkeypatch, wrong_rule):
+    if wrong_rule == "residual not renormalised":
+        monkeypatch.setattr(acceptance, "sample_from", _unnormalised_sample_from)
+    elif wrong_rule == "draft before processors":
+        _draft_q_before_processors(monkeypatch)
+    else:
+        monkeypatch.setattr(hf_spec.loop, "speculative_sample", _bonus_from_draft)
+    assert chi_square_p_value(draw(pair)[0], exact_joint(pair[0])) < ALPHA
