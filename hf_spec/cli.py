@@ -16,7 +16,27 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
     demo.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 
+    bench = commands.add_parser("bench", help="tokens/s against plain generate() and assisted generation")
+    bench.add_argument("--target", required=True, help="target model (Hub id or path)")
+    bench.add_argument("--draft", required=True, help="draft model (Hub id or path)")
+    bench.add_argument("--modes", default="vanilla,assisted,draft", help="any of vanilla, assisted, draft")
+    bench.add_argument("--k", default="3,5,8", help="speculative tokens, comma-separated")
+    bench.add_argument("--questions", help="Spec-Bench jsonl (default: ../shared/data/spec_bench_questions.jsonl)")
+    bench.add_argument("--per-category", type=int, help="the first N questions of each category")
+    bench.add_argument("--limit", type=int, help="at most this many questions")
+    bench.add_argument("--max-new-tokens", type=int, default=64)
+    bench.add_argument("--repeats", type=int, default=1)
+    bench.add_argument("--do-sample", action="store_true")
+    bench.add_argument("--temperature", type=float, default=1.0)
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    bench.add_argument("--json", help="write rows, runs and costs to this file")
+    bench.add_argument("--plot", help="save speedup and acceptance against k to this PNG")
+
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(args)
     if args.command == "demo":
         from .demo import DEFAULT_PROMPT, run_demo
 

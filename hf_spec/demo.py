@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_spec
 
+from .bench.prompts import encode
 from .testing import char_tokenizer, perturbed_draft, tiny_causal_lm
 
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
@@ -40,13 +41,6 @@ def load_models(target: str | None, draft: str | None, dtype: str) -> DemoModels
     target_model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype).eval()
     draft_model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch_dtype).eval()
     return DemoModels(target_model, draft_model, tokenizer, f"target {target}, draft {draft} ({dtype})")
-
-
-def encode(tokenizer, prompt: str) -> dict:
-    if tokenizer.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             return_tensors="pt", return_dict=True)
-    return tokenizer(prompt, return_tensors="pt")
 
 
 def run_demo(target=None, draft=None, prompt=DEFAULT_PROMPT, max_new_tokens=64, num_speculative_tokens=4,

@@ -1,0 +1,43 @@
+"""Measure c_t(w), c_d(w) and the prefill times before the timed runs (see ``hf_spec.costmodel``)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ..cache import new_cache
+from ..costmodel import Costs
+from ..runner import CachedModel
+
+
+def forward_seconds(model, context: int, width: int, repeats: int = 3) -> float:
+    """Median time of one forward of ``width`` new tokens on a cache warm with ``context`` tokens
+    (``context`` 0: a prefill of ``width`` tokens). Token values do not change the cost: random ids."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    runner = CachedModel(model, new_cache(model), None)
+    with torch.no_grad():
+        if context:
+            runner.forward(torch.randint(vocab, (1, context)), logits_to_keep=1)
+        times = []
+        for _ in range(repeats):
+            tokens = torch.randint(vocab, (1, width))
+            start = time.perf_counter()
+            runner.forward(tokens, logits_to_keep=width)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            runner.rollback(context)
+    return statistics.median(times)
+
+
+def calibrate(target, draft, prompt_length: int, new_tokens: int, ks: list[int], repeats: int = 3) -> Costs:
+    """Costs at the context a mid-generation step sees: the prompt plus half the new tokens."""
+    context = prompt_length + new_tokens // 2
+    widths = sorted({1, 2, *(k + 1 for k in ks)})
+    return Costs(
+        target_step={w: forward_seconds(target, context, w, repeats) for w in widths},
+        draft_step={w: forward_seconds(draft, context, w, repeats) for w in (1, 2)},
+        target_prefill=forward_seconds(target, 0, prompt_length, repeats=1),
+        draft_prefill=forward_seconds(draft, 0, prompt_length, repeats=1),
+    )

@@ -1,0 +1,143 @@
+"""Aggregate bench runs into the seed article's table (plus what it lacked), JSON and a plot."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+
+from ..costmodel import FORMULA, Costs, predicted_speedup
+from .run import Run
+
+
+def summarize(runs: list[Run], costs: Costs | None, new_tokens: int) -> list[dict]:
+    """One row per mode (and per category with ``by_category``): tokens/s over all its runs, ratios to vanilla."""
+    rows = []
+    modes = list(dict.fromkeys(run.mode for run in runs))
+    vanilla_tps = _tokens_per_second([r for r in runs if r.mode == "vanilla"])
+    for mode in modes:
+        rows.append(_row(mode, "all", [r for r in runs if r.mode == mode], runs, vanilla_tps, costs, new_tokens))
+    for category in dict.fromkeys(run.category for run in runs):
+        in_category = [r for r in runs if r.category == category]
+        category_vanilla = _tokens_per_second([r for r in in_category if r.mode == "vanilla"])
+        for mode in modes:
+            rows.append(_row(mode, category, [r for r in in_category if r.mode == mode], in_category,
+                             category_vanilla, costs, new_tokens))
+    return rows
+
+
+def _tokens_per_second(runs: list[Run]) -> float:
+    seconds = sum(r.seconds for r in runs)
+    return sum(r.new_tokens for r in runs) / seconds if seconds else 0.0
+
+
+def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens) -> dict:
+    tps = _tokens_per_second(runs)
+    vanilla_by_prompt = {(r.question_id, r.repeat): r for r in all_runs if r.mode == "vanilla"}
+    ratios = [(r.new_tokens / r.seconds) / (v.new_tokens / v.seconds)
+              for r in runs if (v := vanilla_by_prompt.get((r.question_id, r.repeat)))]
+    row = {"mode": mode, "category": category, "runs": len(runs), "tokens_per_s": tps,
+           "speedup": tps / vanilla_tps if vanilla_tps else None,
+           "median_prompt_speedup": statistics.median(ratios) if ratios else None,
+           "equal_to_vanilla": _share([r.equal_to_vanilla for r in runs])}
+    stats = [r.stats for r in runs if r.stats]
+    if stats:
+        proposed, accepted = sum(s["proposed"] for s in stats), sum(s["accepted"] for s in stats)
+        total, prefill = sum(s["total_s"] for s in stats), sum(s["prefill_s"] for s in stats)
+        survival = _survival(stats)
+        row.update(
+            acceptance_rate=accepted / proposed if proposed else 0.0,
+            tokens_per_step=sum(s["accepted"] + s["bonus"] for s in stats) / sum(s["steps"] for s in stats),
+            decode_tokens_per_s=sum(s["new_tokens"] for s in stats) / (total - prefill),
+            overhead_share=sum(s["overhead_s"] for s in stats) / total,
+            acceptance_by_position=survival,
+            predicted_speedup=predicted_speedup(costs, survival, new_tokens) if costs else None,
+        )
+    return row
+
+
+def _survival(stats: list[dict]) -> list[float]:
+    """s_i pooled over runs: accepted at position i / proposed at position i."""
+    width = max(len(s["proposed_by_position"]) for s in stats)
+    proposed = [sum(s["proposed_by_position"][i] for s in stats if i < len(s["proposed_by_position"])) for i in range(width)]
+    accepted = [sum(s["accepted_by_position"][i] for s in stats if i < len(s["accepted_by_position"])) for i in range(width)]
+    return [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
+
+
+def _share(flags) -> float | None:
+    flags = [f for f in flags if f is not None]
+    return sum(flags) / len(flags) if flags else None
+
+
+def _fmt(value, width: int, spec: str, suffix: str = "") -> str:
+    """e.g. _fmt(1.234, 8, ".2f", "x") -> "   1.23x"; None -> "-" right-aligned to the same width."""
+    return ("-" if value is None else format(value, spec) + suffix).rjust(width)
+
+
+def format_table(rows: list[dict], category: str = "all") -> str:
+    header = (f"{'mode':<14} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tok/step':>8} {'decode tok/s':>12} "
+              f"{'equal':>6} {'overhead':>8} {'predicted':>9}")
+    lines = [header, "-" * len(header)]
+    for row in (r for r in rows if r["category"] == category):
+        lines.append(
+            f"{row['mode']:<14} {row['tokens_per_s']:>7.2f} {_fmt(row['speedup'], 8, '.2f', 'x')} "
+            f"{_fmt(row.get('acceptance_rate'), 7, '.0%')} {_fmt(row.get('tokens_per_step'), 8, '.2f')} "
+            f"{_fmt(row.get('decode_tokens_per_s'), 12, '.2f')} {_fmt(row['equal_to_vanilla'], 6, '.0%')} "
+            f"{_fmt(row.get('overhead_share'), 8, '.1%')} {_fmt(row.get('predicted_speedup'), 9, '.2f', 'x')}")
+    return "\n".join(lines)
+
+
+def format_report(rows: list[dict], costs: Costs | None) -> str:
+    parts = [format_table(rows)]
+    noise = next((r for r in rows if r["mode"] == "vanilla-again" and r["category"] == "all"), None)
+    if noise:
+        parts.append(f"noise floor: vanilla against itself {noise['speedup']:.3f}x "
+                     f"(median per prompt {noise['median_prompt_speedup']:.3f}x)")
+    if costs:
+        parts.append(FORMULA)
+        parts.append("costs (s): c_t " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.target_step.items())
+                     + "; c_d " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.draft_step.items())
+                     + f"; prefill target {costs.target_prefill:.3f}, draft {costs.draft_prefill:.3f}")
+    parts.append("\nper category (speedup vs vanilla in that category / acceptance):")
+    categories = list(dict.fromkeys(r["category"] for r in rows if r["category"] != "all"))
+    modes = [r["mode"] for r in rows if r["category"] == "all" and r["mode"] != "vanilla"]
+    parts.append(f"{'category':<16}" + "".join(f"{m:>20}" for m in modes))
+    for category in categories:
+        cells = []
+        for mode in modes:
+            row = next(r for r in rows if r["category"] == category and r["mode"] == mode)
+            accept = row.get("acceptance_rate")
+            cells.append(f"{_fmt(row['speedup'], 0, '.2f', 'x')} / {_fmt(accept, 0, '.0%')}".rjust(20))
+        parts.append(f"{category:<16}" + "".join(cells))
+    return "\n".join(parts)
+
+
+def write_json(path, rows: list[dict], runs: list[Run], costs: Costs | None, settings: dict) -> None:
+    with open(path, "w") as f:
+        json.dump({"settings": settings, "formula": FORMULA, "costs": costs.to_dict() if costs else None,
+                   "rows": rows, "runs": [asdict(r) for r in runs]}, f, indent=1)
+
+
+def plot(path, rows: list[dict]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise SystemExit("--plot needs matplotlib: pip install 'hf-spec[bench]'") from error
+    figure, (speed_axis, accept_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    overall = [r for r in rows if r["category"] == "all" and "@" in r["mode"]]
+    for family in dict.fromkeys(r["mode"].split("@")[0] for r in overall):
+        family_rows = sorted((r for r in overall if r["mode"].startswith(family + "@")),
+                             key=lambda r: int(r["mode"].split("@")[1]))
+        ks = [int(r["mode"].split("@")[1]) for r in family_rows]
+        speed_axis.plot(ks, [r["speedup"] for r in family_rows], marker="o", label=family)
+        if any(r.get("acceptance_rate") is not None for r in family_rows):
+            accept_axis.plot(ks, [r.get("acceptance_rate") for r in family_rows], marker="o", label=family)
+    speed_axis.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    speed_axis.set(xlabel="k (speculative tokens)", ylabel="speedup vs plain generate", title="speed")
+    accept_axis.set(xlabel="k (speculative tokens)", ylabel="acceptance rate", title="acceptance", ylim=(0, 1))
+    speed_axis.legend()
+    accept_axis.legend()
+    figure.tight_layout()
+    figure.savefig(path)

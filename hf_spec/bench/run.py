@@ -1,0 +1,86 @@
+"""``hf-spec bench``: every mode in one process, on the same prompts, interleaved prompt by prompt.
+
+Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
+itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold) and
+``draft@k`` (this package).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+import hf_spec
+
+from .prompts import Prompt, encode
+
+
+@dataclass
+class Run:
+    mode: str
+    question_id: str
+    category: str
+    repeat: int
+    new_tokens: int
+    seconds: float
+    equal_to_vanilla: bool | None
+    stats: dict | None = field(default=None)
+
+
+def mode_names(modes: list[str], ks: list[int]) -> list[str]:
+    names = []
+    for mode in modes:
+        if mode == "vanilla":
+            names += ["vanilla", "vanilla-again"]
+        elif mode in ("assisted", "draft"):
+            names += [f"{mode}@{k}" for k in ks]
+        else:
+            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft.")
+    if "vanilla" not in names:
+        raise ValueError("--modes must include vanilla: every speedup is measured against it.")
+    return names
+
+
+def generate_once(mode: str, target, draft, inputs: dict, generation_kwargs: dict):
+    """One timed generate() call: (sequences, seconds, stats or None)."""
+    kwargs = dict(inputs, **generation_kwargs)
+    if mode.startswith("assisted@"):
+        k = int(mode.split("@")[1])
+        draft.generation_config.num_assistant_tokens = k
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        draft.generation_config.assistant_confidence_threshold = 0.0
+        kwargs["assistant_model"] = draft
+    elif mode.startswith("draft@"):
+        kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]))
+    start = time.perf_counter()
+    out = target.generate(**kwargs)
+    seconds = time.perf_counter() - start
+    stats = hf_spec.last_stats().to_dict() if mode.startswith("draft@") else None
+    return out, seconds, stats
+
+
+def run_modes(target, draft, tokenizer, prompts: list[Prompt], modes: list[str], generation_kwargs: dict,
+              repeats: int = 1, progress: bool = True) -> list[Run]:
+    """All modes on all prompts; the mode order rotates from prompt to prompt so that none is always first."""
+    encoded = [encode(tokenizer, prompt.text) for prompt in prompts]
+    greedy = not generation_kwargs.get("do_sample", False)
+    runs = []
+    bar = tqdm(total=repeats * len(prompts) * len(modes), disable=not progress, desc="bench", unit="run")
+    for repeat in range(repeats):
+        for index, (prompt, inputs) in enumerate(zip(prompts, encoded)):
+            shift = (index + repeat) % len(modes)
+            order = modes[shift:] + modes[:shift]
+            outputs = {}
+            for mode in order:
+                bar.set_postfix_str(f"{prompt.category} {mode}")
+                out, seconds, stats = generate_once(mode, target, draft, inputs, generation_kwargs)
+                outputs[mode] = out
+                runs.append(Run(mode, prompt.question_id, prompt.category, repeat,
+                                out.shape[1] - inputs["input_ids"].shape[1], seconds, None, stats))
+                bar.update()
+            for run in runs[-len(modes):]:
+                run.equal_to_vanilla = torch.equal(outputs[run.mode], outputs["vanilla"]) if greedy else None
+    bar.close()
+    return runs

@@ -1,0 +1,105 @@
+"""The bench's own arithmetic: prompt selection, the cost model's prediction, aggregation and the JSON schema."""
+import json
+
+import pytest
+
+from hf_spec.bench import run_bench
+from hf_spec.bench.prompts import load_prompts
+from hf_spec.bench.report import summarize
+from hf_spec.bench.run import Run, mode_names
+from hf_spec.costmodel import Costs, chain_step_seconds, expected_tokens_per_step, predicted_speedup
+from hf_spec.testing import char_tokenizer, perturbed_draft, tiny_causal_lm
+
+
+@pytest.fixture
+def questions(tmp_path):
+    path = tmp_path / "questions.jsonl"
+    rows = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("a", 5), ("b", 6)]
+    path.write_text("\n".join(json.dumps({"question_id": qid, "category": cat, "turns": [f"q{qid}", "second"]})
+                              for cat, qid in rows) + "\n")
+    return path
+
+
+def test_per_category_takes_the_first_n_in_file_order(questions):
+    picked = load_prompts(questions, per_category=2)
+    assert [(p.category, p.question_id) for p in picked] == [("a", "1"), ("b", "2"), ("a", "3"), ("c", "4"), ("b", "6")]
+    assert [p.text for p in picked][:2] == ["q1", "q2"]  # first turn only
+    assert len(load_prompts(questions, per_category=1, limit=2)) == 2
+
+
+def test_spec_bench_default_has_13_categories():
+    prompts = load_prompts(per_category=1)
+    assert len(prompts) in (13, 4)  # 13 with ../shared/data present, else the built-in prompts
+
+
+COSTS = Costs(target_step={1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}, draft_step={1: 0.1, 2: 0.15},
+              target_prefill=2.0, draft_prefill=0.5)
+
+
+def test_expected_tokens_and_step_time():
+    assert expected_tokens_per_step([0.8, 0.6]) == pytest.approx(2.4)
+    # k = 3, s_3 = 0.5: D = 2 * 0.1 + 0.5 * 0.1 + 0.5 * 0.15 = 0.325; V = c_t(4) = 2.0
+    assert chain_step_seconds(COSTS, [0.9, 0.7, 0.5]) == pytest.approx(2.325)
+
+
+def test_predicted_speedup_worked_example():
+    # N = 65: plain 2 + 64 * 1 = 66 s; speculative 2 + 0.5 + 65 / 3.1 * 2.325 = 51.2459... s
+    assert predicted_speedup(COSTS, [0.9, 0.7, 0.5], 65) == pytest.approx(66 / (2.5 + 65 / 3.1 * 2.325))
+    # nothing accepted and costly verification: slower than plain decoding
+    assert predicted_speedup(COSTS, [0.0, 0.0, 0.0], 65) < 1.0
+
+
+def _run(mode, qid, seconds, tokens=10, stats=None, category="x", equal=True):
+    return Run(mode, qid, category, 0, tokens, seconds, equal, stats)
+
+
+def _stats(accepted, proposed_by_position, accepted_by_position, steps, total=2.0, prefill=0.5):
+    return {"proposed": sum(proposed_by_position), "accepted": accepted, "bonus": steps, "steps": steps,
+            "new_tokens": accepted + steps, "total_s": total, "prefill_s": prefill, "overhead_s": 0.1,
+            "proposed_by_position": proposed_by_position, "accepted_by_position": accepted_by_position}
+
+
+def test_summary_ratios_and_acceptance():
+    runs = [
+        _run("vanilla", "1", 10.0), _run("vanilla", "2", 10.0),
+        _run("vanilla-again", "1", 10.0), _run("vanilla-again", "2", 12.5),
+        _run("draft@2", "1", 5.0, stats=_stats(6, [4, 4], [4, 2], 4)),
+        _run("draft@2", "2", 10.0, stats=_stats(0, [4, 4], [0, 0], 10), equal=False),
+    ]
+    rows = {r["mode"]: r for r in summarize(runs, COSTS, 10) if r["category"] == "all"}
+    assert rows["vanilla"]["speedup"] == 1.0
+    assert rows["vanilla-again"]["speedup"] == pytest.approx(20 / 22.5)  # total tokens / total time
+    assert rows["draft@2"]["speedup"] == pytest.approx((20 / 15) / 1.0)
+    assert rows["draft@2"]["median_prompt_speedup"] == pytest.approx(1.5)  # median of 2.0 and 1.0
+    assert rows["draft@2"]["acceptance_rate"] == pytest.approx(6 / 16)
+    assert rows["draft@2"]["acceptance_by_position"] == pytest.approx([0.5, 0.25])
+    assert rows["draft@2"]["tokens_per_step"] == pytest.approx((6 + 14) / 14)
+    assert rows["draft@2"]["equal_to_vanilla"] == 0.5
+    assert rows["draft@2"]["predicted_speedup"] == pytest.approx(predicted_speedup(COSTS, [0.5, 0.25], 10))
+
+
+def test_mode_names():
+    assert mode_names(["vanilla", "assisted", "draft"], [3, 5]) == [
+        "vanilla", "vanilla-again", "assisted@3", "assisted@5", "draft@3", "draft@5"]
+    with pytest.raises(ValueError, match="must include vanilla"):
+        mode_names(["draft"], [3])
+    with pytest.raises(ValueError, match="Unknown mode 'medusa'"):
+        mode_names(["vanilla", "medusa"], [3])
+
+
+def test_bench_end_to_end_json_and_plot(tmp_path):
+    target = tiny_causal_lm(hidden_size=64, num_layers=2)
+    lines = []
+    run_bench(target, perturbed_draft(target, 0.1), char_tokenizer(), prompts=load_prompts(per_category=1, limit=2),
+              modes=["vanilla", "assisted", "draft"], ks=[2], max_new_tokens=8, progress=False,
+              print_fn=lines.append, json_path=tmp_path / "bench.json", plot_path=tmp_path / "bench.png")
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert set(report) == {"settings", "formula", "costs", "rows", "runs"}
+    assert len(report["runs"]) == 2 * 4  # 2 prompts x (vanilla, vanilla-again, assisted@2, draft@2)
+    overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
+    assert overall["draft@2"]["equal_to_vanilla"] == 1.0 and overall["assisted@2"]["equal_to_vanilla"] == 1.0
+    assert {"tokens_per_s", "speedup", "acceptance_rate", "tokens_per_step", "decode_tokens_per_s",
+            "overhead_share", "predicted_speedup"} <= set(overall["draft@2"])
+    assert set(report["costs"]["target_step"]) == {"1", "2", "3"}
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert any("noise floor" in line for line in lines)
