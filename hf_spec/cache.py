@@ -2,13 +2,16 @@
 
 Invariant kept by the loop for every model it drives (target and draft): the cache holds the key/value
 states of a prefix of the committed sequence. Rolling back after a verification step is one named
-operation, :func:`rollback`: crop the cache to the committed tokens it already covers (for a chain the
-accepted proposals are a prefix of what was fed, so cropping is all it takes).
+operation: for a chain the accepted proposals are a prefix of what was fed, so :func:`rollback` crops;
+for a tree the accepted path is scattered over the block, so :func:`keep_path` gathers it into
+contiguous positions first, then crops.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+
+import torch
 
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
@@ -56,3 +59,21 @@ def rollback(cache: Cache, keep: int) -> None:
     excess = cache.get_seq_length() - keep
     if excess > 0:
         cache.crop(-excess)
+
+
+def keep_path(cache: Cache, keep: int, block_start: int, path: list[int]) -> None:
+    """Keep cache positions [0, keep) followed by block entries ``block_start + i`` for i in ``path``.
+
+    e.g. keep 10, block_start 9, path [1, 3] (the root at 9 stays): position 12 moves to 11, then crop to 12.
+    ``path`` is ascending; a path that is already contiguous after ``keep`` only crops.
+    """
+    sources = [block_start + i for i in path]
+    destinations = list(range(keep, keep + len(path)))
+    if sources != destinations:
+        for layer in cache.layers:
+            src = torch.tensor(sources, device=layer.keys.device)
+            dst = torch.tensor(destinations, device=layer.keys.device)
+            # index_select copies first, so overlapping moves read the old values
+            layer.keys[..., dst, :] = layer.keys.index_select(-2, src)
+            layer.values[..., dst, :] = layer.values.index_select(-2, src)
+    rollback(cache, keep + len(path))

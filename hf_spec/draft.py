@@ -24,6 +24,7 @@ class DraftModelProposer:
     """
 
     name = "draft"
+    wants_hidden_states = False
 
     def __init__(self, draft, padding_mask: torch.Tensor | None):
         self.draft = CachedModel(draft, new_cache(draft), padding_mask)
@@ -44,7 +45,7 @@ class DraftModelProposer:
         tokens = prefix[:, sequence.shape[1] :].to(target_device)
         return Proposal(tokens=tokens, probs=torch.cat(probs).to(target_device) if do_sample else None)
 
-    def rollback(self, keep: int) -> None:
+    def advance(self, keep: int, target_hidden=None) -> None:
         self.draft.rollback(keep)
 
     @staticmethod

@@ -1,8 +1,10 @@
 """The one speculative decoding loop every strategy runs: propose, verify, accept, commit.
 
 Batch size 1. Invariants at the top of every step: ``sequence`` [1, S] holds the committed tokens;
-the target's cache covers ``sequence[:, :S - 1]`` (the last committed token is fed with the next
-proposals); the proposer's own state covers a prefix of ``sequence``.
+the target's cache covers ``sequence[:, :S - 1]``; the last committed token is the root of the next
+verification block (block index 0) and the proposals follow it; the proposer's own state covers a
+prefix of ``sequence``. Chains and trees share every step: a chain is a tree whose nodes each have one
+child.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StopStringCriter
 
 from .cache import check_rollback_supported, new_cache, take_cache
 from .logits import greedy_accept, process_block, speculative_sample
+from .logits.tree_acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
 from .output import OutputRecorder
 from .proposer import Proposal, Proposer
 from .runner import CachedModel
@@ -42,6 +45,35 @@ def with_stop_strings(stopping_criteria: StoppingCriteriaList, stop_strings, tok
     return StoppingCriteriaList([*stopping_criteria, StopStringCriteria(tokenizer, stop_strings)])
 
 
+class Acceptance:
+    """Which verification rule a step uses: greedy, lossless sampling, or Medusa's lossy typical rule."""
+
+    def __init__(self, do_sample: bool, rule: str = "exact", posterior_threshold: float = 0.09,
+                 posterior_alpha: float = 0.3):
+        if rule not in ("exact", "typical"):
+            raise ValueError(f"acceptance must be 'exact' or 'typical'; got {rule!r}.")
+        self.do_sample, self.rule = do_sample, rule
+        self.posterior_threshold, self.posterior_alpha = posterior_threshold, posterior_alpha
+
+    def __call__(self, proposal: Proposal, scores: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """scores: [num_nodes + 1, vocab] processed target scores -> (accepted block indices, bonus token)."""
+        tokens, tree = proposal.tokens[0], proposal.tree
+        if not self.do_sample:
+            if tree is None:
+                num_accepted, bonus = greedy_accept(scores, tokens)
+                return list(range(1, num_accepted + 1)), bonus
+            return greedy_accept_tree(scores, tokens, tree.parents, tree.retrieve)
+        probs = scores.softmax(-1)
+        uniforms = torch.rand(proposal.num_tokens + 1, device=scores.device)
+        if tree is None:
+            num_accepted, bonus = speculative_sample(probs, proposal.probs, tokens, uniforms)
+            return list(range(1, num_accepted + 1)), bonus
+        if self.rule == "typical":
+            return typical_accept_tree(probs, tokens, tree.parents, tree.retrieve, self.posterior_threshold,
+                                       self.posterior_alpha, uniforms[0])
+        return sample_accept_tree(probs, tokens, tree.children, uniforms)
+
+
 def speculative_generate(
     model,
     input_ids: torch.LongTensor,
@@ -52,11 +84,13 @@ def speculative_generate(
     generation_config: GenerationConfig,
     streamer=None,
     padding_mask: torch.Tensor | None = None,
+    acceptance: Acceptance | None = None,
     **model_kwargs,
 ):
     """Decode with ``proposer`` drafting and ``model`` verifying; returns what ``generate()`` would.
 
     input_ids: [1, prompt_len]; padding_mask: [1, prompt_len] or None (see ``runner.padding_mask_of``);
+    num_speculative_tokens: the most tokens a step may propose (a tree proposer may propose fewer);
     model_kwargs: what ``generate()`` prepared (the cache among them).
     """
     start_time = time.perf_counter()
@@ -66,7 +100,8 @@ def speculative_generate(
     check_rollback_supported(cache, f"strategy={proposer.name!r}")
     target = CachedModel(model, cache, padding_mask)
     recorder = OutputRecorder(generation_config)
-    do_sample = generation_config.do_sample
+    acceptance = acceptance or Acceptance(generation_config.do_sample)
+    hidden_states = proposer.wants_hidden_states
     max_length = generation_config.max_length
     if streamer is not None:
         streamer.put(input_ids.cpu())
@@ -75,28 +110,36 @@ def speculative_generate(
     with timer("prefill_s"):
         target.rollback(sequence.shape[1] - 1)
         if target.cached_length < sequence.shape[1] - 1:
-            target.forward(sequence[:, target.cached_length : -1], logits_to_keep=1)
+            out = target.forward(sequence[:, target.cached_length : -1], 1, hidden_states=hidden_states)
+            proposer.advance(target.cached_length, out[1][-1] if hidden_states else None)
 
     finished = False
     while not finished:
         committed = sequence.shape[1]
-        num_tokens = max(min(num_speculative_tokens, max_length - committed - 1), 0)
+        room = max(min(num_speculative_tokens, max_length - committed - 1), 0)
 
         with timer("propose_s"):
-            proposal = proposer.propose(sequence, num_tokens, logits_processor, do_sample)
+            proposal = proposer.propose(sequence, room, logits_processor, generation_config.do_sample)
 
         with timer("verify_s"):
-            block = torch.cat([sequence[:, target.cached_length :], proposal.tokens], dim=-1)
-            logits = target.forward(block, logits_to_keep=proposal.num_tokens + 1)  # [k + 1, vocab]
+            block = torch.cat([sequence[:, -1:], proposal.tokens], dim=-1)  # root + proposals
+            tree = proposal.tree
+            out = target.forward(block, proposal.num_tokens + 1, hidden_states=hidden_states,
+                                 tree_mask=None if tree is None else tree.ancestor_mask,
+                                 tree_depths=None if tree is None else tree.depths)
+            logits, hidden = out if hidden_states else (out, None)  # [num_nodes + 1, vocab], [.., hidden]
 
-        scores = process_block(logits_processor, sequence, proposal.tokens, logits)  # [k + 1, vocab]
-        num_accepted, bonus = _accept(proposal, scores, do_sample)
-        stats.record_step(proposal.num_tokens, num_accepted)
-        target.rollback(committed + num_accepted)
-        proposer.rollback(committed + num_accepted)
+        scores = process_block(logits_processor, sequence, proposal.tokens, proposal.parents, logits)
+        accepted, bonus = acceptance(proposal, scores)
+        stats.record_step(_proposed_depth(proposal, accepted), len(accepted))
+        target.keep_path(committed, committed - 1, accepted)
+        last = accepted[-1] if accepted else 0
+        proposer.advance(committed + len(accepted), hidden[last] if hidden is not None else None)
 
-        new_tokens = torch.cat([proposal.tokens[0, :num_accepted], bonus.view(1)])
-        sequence, finished = _commit(sequence, new_tokens, scores, logits, stopping_criteria, recorder, streamer)
+        new_tokens = torch.cat([proposal.tokens[0, [i - 1 for i in accepted]], bonus.view(1)])
+        rows = [0, *accepted]  # the score row of each new token is its parent's block index
+        sequence, finished = _commit(sequence, new_tokens, scores[rows], logits[rows], stopping_criteria, recorder,
+                                     streamer)
 
     if streamer is not None:
         streamer.end()
@@ -106,21 +149,21 @@ def speculative_generate(
     return recorder.build(sequence, cache, stats)
 
 
-def _accept(proposal: Proposal, scores: torch.Tensor, do_sample: bool):
-    """Verification of one chain proposal against processed target scores [k + 1, vocab]:
-    (num_accepted, bonus token)."""
-    draft_tokens = proposal.tokens[0]
-    if not do_sample:
-        return greedy_accept(scores, draft_tokens)
-    uniforms = torch.rand(proposal.num_tokens + 1, device=scores.device)
-    return speculative_sample(scores.softmax(-1), proposal.probs, draft_tokens, uniforms)
+def _proposed_depth(proposal: Proposal, accepted: list[int]) -> int:
+    """Proposed tokens in vLLM's sense: k for a chain; for a tree, the depth along the chosen path
+    (the deepest leaf below the last accepted node)."""
+    if proposal.tree is None:
+        return proposal.num_tokens
+    tree = proposal.tree
+    below = accepted[-1] if accepted else 0
+    leaves = tree.retrieve[(tree.retrieve == below).any(1)] if below else tree.retrieve
+    return int((leaves >= 0).sum(1).max())
 
 
 def _commit(sequence, new_tokens, scores, logits, stopping_criteria, recorder, streamer):
     """Append ``new_tokens`` [n] one at a time, stopping exactly where plain generate() would.
 
-    scores, logits: [>= n, vocab], row j for new token j (the accepted tokens are the proposals the
-    rows were computed for). Returns (sequence [1, S'], finished).
+    scores, logits: [n, vocab], row j scoring new token j. Returns (sequence [1, S'], finished).
     """
     committed = sequence.shape[1]
     candidate = torch.cat([sequence, new_tokens.unsqueeze(0)], dim=-1)

@@ -35,6 +35,7 @@ PASSED_THROUGH = {"streamer": "token_streamer", "tokenizer": "target_tokenizer",
 
 STRATEGIES = {
     "draft": Strategy("draft", "hf_spec.draft:generate", {"assistant_model": "draft_model"}),
+    "medusa": Strategy("medusa", "hf_spec.medusa.generate:generate"),
 }
 
 _original_generate = None

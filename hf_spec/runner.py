@@ -7,7 +7,7 @@ import inspect
 import torch
 from transformers.cache_utils import Cache
 
-from .cache import cache_kwargs, rollback
+from .cache import cache_kwargs, keep_path, rollback
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,6 +30,8 @@ class CachedModel:
 
     Position ids and the attention mask follow plain ``generate()``: positions count non-padding tokens
     (left padding of the prompt, from ``padding_mask`` [1, prompt_len]); every generated token is real.
+    A tree block gets a 4D mask (each node sees the cache, the root and its own ancestors) and
+    positions by depth, through the model's unmodified forward.
     """
 
     def __init__(self, model, cache: Cache, padding_mask: torch.Tensor | None):
@@ -44,30 +46,58 @@ class CachedModel:
     def cached_length(self) -> int:
         return self.cache.get_seq_length()
 
-    def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0) -> torch.Tensor:
-        """Feed tokens [1, n]; return the last ``logits_to_keep`` rows of logits [m, vocab] (0: all n)."""
+    def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0, tree_mask: torch.BoolTensor | None = None,
+                tree_depths: torch.LongTensor | None = None, hidden_states: bool = False):
+        """Feed tokens [1, n]; return logits [m, vocab] for the last ``logits_to_keep`` rows (0: all n),
+        and with ``hidden_states`` also the last hidden states [m, hidden].
+
+        tree_mask [n, n] (True: row may attend column) and tree_depths [n] make the block a tree.
+        """
         start = self.cached_length
         end = start + tokens.shape[1]
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
-        outputs = self.model(
-            input_ids=tokens.to(self.device),
-            **self._positions_and_mask(start, end),
-            **self._cache_kwargs,
-            use_cache=True,
-            **extra,
-        )
+        if tree_mask is None:
+            layout = self._positions_and_mask(start, end)
+        else:
+            layout = self._tree_positions_and_mask(start, tree_mask.to(self.device), tree_depths.to(self.device))
+        outputs = self.model(input_ids=tokens.to(self.device), **layout, **self._cache_kwargs, use_cache=True,
+                             output_hidden_states=hidden_states, **extra)
         logits = outputs.logits[0]
-        return logits[-logits_to_keep:] if logits_to_keep else logits
+        logits = logits[-logits_to_keep:] if logits_to_keep else logits
+        if not hidden_states:
+            return logits
+        hidden = outputs.hidden_states[-1][0]
+        return logits, hidden[-logits.shape[0]:]
 
     def rollback(self, keep: int) -> None:
         rollback(self.cache, keep)
 
+    def keep_path(self, keep: int, block_start: int, path: list[int]) -> None:
+        """Keep the first ``keep`` cached tokens, then the block entries at indices ``path`` (ascending)."""
+        keep_path(self.cache, keep, block_start, path)
+
+    def _full_mask(self, end: int) -> torch.Tensor:
+        prompt_len = self.padding_mask.shape[1]
+        generated = torch.ones(1, max(end - prompt_len, 0), dtype=self.padding_mask.dtype, device=self.device)
+        return torch.cat([self.padding_mask, generated], dim=-1)[:, :end]
+
     def _positions_and_mask(self, start: int, end: int) -> dict:
         if self.padding_mask is None:
             return {"position_ids": torch.arange(start, end, device=self.device).unsqueeze(0)}
-        prompt_len = self.padding_mask.shape[1]
-        generated = torch.ones(1, max(end - prompt_len, 0), dtype=self.padding_mask.dtype, device=self.device)
-        mask = torch.cat([self.padding_mask, generated], dim=-1)[:, :end]
+        mask = self._full_mask(end)
         # e.g. mask [0, 0, 1, 1, 1] -> positions [1, 1, 0, 1, 2], as generate() builds them
         positions = (mask.long().cumsum(-1) - 1).masked_fill_(mask == 0, 1)
         return {"position_ids": positions[:, start:end], "attention_mask": mask}
+
+    def _tree_positions_and_mask(self, start: int, tree_mask: torch.BoolTensor, depths: torch.LongTensor) -> dict:
+        """Root at the position the next token would take; node at root + depth. 4D mask [1, 1, n, start + n]:
+        0 where a query may attend, the dtype's minimum elsewhere."""
+        num_pads = 0 if self.padding_mask is None else int((self.padding_mask == 0).sum())
+        positions = (start - num_pads + depths).unsqueeze(0)
+        past = torch.ones(tree_mask.shape[0], start, dtype=torch.bool, device=self.device)
+        if self.padding_mask is not None:
+            past &= self._full_mask(start).bool()
+        allowed = torch.cat([past, tree_mask], dim=-1)
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return {"position_ids": positions, "attention_mask": mask[None, None]}

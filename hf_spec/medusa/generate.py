@@ -1,0 +1,74 @@
+"""The Medusa strategy's ``custom_generate`` callable; ``strategy="medusa"`` maps onto it."""
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+from ..loop import Acceptance, check_supported, speculative_generate, with_stop_strings
+from ..runner import padding_mask_of
+from ..trees import resolve_tree, validate_tree
+from .heads import MedusaHeads
+from .loading import _check_fits, load_medusa_heads
+from .proposer import MedusaProposer
+
+
+def resolve_heads(medusa_heads, model, revision=None, token=None) -> MedusaHeads:
+    if medusa_heads is None:
+        raise ValueError("strategy='medusa' needs medusa_heads=: a Hub id, a local folder or a MedusaHeads object.")
+    if isinstance(medusa_heads, (str, os.PathLike)):
+        return load_medusa_heads(medusa_heads, base_model=model, revision=revision, token=token)
+    if isinstance(medusa_heads, MedusaHeads):
+        _check_fits(medusa_heads.hidden_size, medusa_heads.vocab_size, model)
+        return medusa_heads.to(model.device)
+    raise TypeError(f"medusa_heads must be a Hub id, a path or MedusaHeads; got {type(medusa_heads).__name__}.")
+
+
+def generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    medusa_heads=None,
+    tree=None,
+    acceptance: str = "exact",
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+    revision: str | None = None,
+    token=None,
+    token_streamer=None,
+    stop_strings=None,
+    target_tokenizer=None,
+    draft_tokenizer=None,
+    **model_kwargs,
+):
+    """Medusa decoding for ``model.generate(custom_generate=...)``.
+
+    medusa_heads: Hub id, local folder (Medusa-1 or Medusa-2 layout) or MedusaHeads; revision/token go to
+    huggingface_hub. tree: a name from ``hf_spec.trees.NAMED_TREES`` (default: upstream's 63-node tree) or
+    a list of paths of per-head top-k ranks. acceptance: "exact" (greedy match; lossless sampling) or
+    "typical" (Medusa's lossy rule with posterior_threshold and posterior_alpha; sampling only).
+    token_streamer, target_tokenizer: what generate() calls streamer and tokenizer (see hf_spec.draft).
+    """
+    check_supported(model, input_ids, generation_config, "medusa")
+    stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, target_tokenizer)
+    heads = resolve_heads(medusa_heads, model, revision, token)
+    paths = resolve_tree(tree)
+    validate_tree(paths, num_heads=heads.num_heads)
+    proposer = MedusaProposer(heads, paths)
+    padding_mask = padding_mask_of(model_kwargs)
+    return speculative_generate(
+        model,
+        input_ids,
+        proposer,
+        proposer.buffers.max_depth,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        streamer=token_streamer,
+        padding_mask=padding_mask,
+        acceptance=Acceptance(generation_config.do_sample, acceptance, posterior_threshold, posterior_alpha),
+        **model_kwargs,
+    )

@@ -1,0 +1,100 @@
+"""Medusa heads (Cai et al. 2024): extra decoding heads on the target's last hidden state.
+
+Head i (0-based) reads the hidden state h[t] and predicts token x[t + i + 2] (the base lm_head predicts
+x[t + 1]). Each head is ``Sequential(ResBlock x L, Linear(hidden, vocab, bias=False))`` with
+``ResBlock(x) = x + SiLU(Linear(hidden, hidden)(x))``; the L blocks are separate layers (upstream's
+``[ResBlock] * L`` ties them by accident). Saved in the Medusa-1 layout: ``config.json`` with
+``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path`` and the state dict with keys
+``{i}.{j}.linear.weight``, ``{i}.{j}.linear.bias``, ``{i}.{L}.weight`` as ``medusa_lm_head.safetensors``
+and ``medusa_lm_head.pt`` (what upstream's loader reads).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "medusa_lm_head.safetensors"
+PT_NAME = "medusa_lm_head.pt"
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)  # starts as the identity, as upstream
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """``num_heads`` heads of ``num_layers`` ResBlocks each, on a base model with ``hidden_size`` and ``vocab_size``."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 5, num_layers: int = 1,
+                 base_model_name_or_path: str | None = None):
+        super().__init__()
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.base_model_name_or_path = base_model_name_or_path
+        self.heads = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, vocab_size, bias=False))
+            for _ in range(num_heads)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [..., hidden_size] -> logits [num_heads, ..., vocab_size]."""
+        return torch.stack([head(hidden) for head in self.heads])
+
+    @classmethod
+    def for_model(cls, model, num_heads: int = 5, num_layers: int = 1) -> "MedusaHeads":
+        """Randomly initialised heads that fit ``model`` (its hidden size, vocabulary, device and dtype)."""
+        heads = cls(model.config.get_text_config().hidden_size, model.get_output_embeddings().weight.shape[0],
+                    num_heads, num_layers, getattr(model, "name_or_path", None))
+        return heads.to(device=model.device, dtype=model.dtype)
+
+    def upstream_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict under upstream's key names (``{i}.{j}.linear.weight`` ...)."""
+        return {key.removeprefix("heads."): value.detach().contiguous().cpu()
+                for key, value in self.state_dict().items()}
+
+    def config_dict(self) -> dict:
+        return {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
+                "base_model_name_or_path": self.base_model_name_or_path,
+                "hidden_size": self.hidden_size, "vocab_size": self.vocab_size}
+
+    def save_pretrained(self, save_directory: str | os.PathLike, write_pt: bool = True) -> None:
+        """Write the Medusa-1 layout; ``write_pt`` adds the ``.pt`` file upstream's loader reads."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CONFIG_NAME).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
+        state = self.upstream_state_dict()
+        save_file(state, str(directory / SAFETENSORS_NAME), metadata={"format": "pt"})
+        if write_pt:
+            torch.save(state, directory / PT_NAME)
+
+    def push_to_hub(self, repo_id: str, token=None, private: bool | None = None, revision: str | None = None,
+                    commit_message: str = "Upload Medusa heads") -> str:
+        """Create ``repo_id`` if needed and upload the Medusa-1 layout; returns the commit URL."""
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        with tempfile.TemporaryDirectory() as folder:
+            self.save_pretrained(folder)
+            commit = api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision,
+                                       commit_message=commit_message)
+        return str(commit)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, **kwargs) -> "MedusaHeads":
+        from .loading import load_medusa_heads
+
+        return load_medusa_heads(name_or_path, **kwargs)

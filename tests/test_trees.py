@@ -1,0 +1,56 @@
+"""Tree buffers against small trees worked by hand, and tree validation."""
+import pytest
+import torch
+
+from hf_spec.trees import NAMED_TREES, build_tree_buffers, resolve_tree, validate_tree
+
+
+def test_buffers_of_a_three_node_tree():
+    # block 0 root; 1: (0,), 2: (1,), 3: (0, 0)
+    b = build_tree_buffers([(0, 0), (1,), (0,)])
+    assert b.paths == ((0,), (1,), (0, 0))
+    assert b.parents.tolist() == [0, 0, 1]
+    assert b.depths.tolist() == [0, 1, 1, 2]
+    assert b.ranks.tolist() == [0, 1, 0]
+    assert b.ancestor_mask.int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 0, 1, 0],
+        [1, 1, 0, 1],
+    ]
+    assert b.retrieve.tolist() == [[2, -1], [1, 3]]  # leaves (1,) and (0, 0)
+    assert b.children == ((1, 2), (3,), (), ())
+    assert b.top_k_per_head() == [2, 1]
+
+
+def test_buffers_of_a_chain():
+    b = build_tree_buffers([(0,), (0, 0), (0, 0, 0)])
+    assert b.parents.tolist() == [0, 1, 2]
+    assert torch.equal(b.ancestor_mask, torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+    assert b.retrieve.tolist() == [[1, 2, 3]]
+
+
+def test_default_tree_is_upstreams_shape():
+    b = build_tree_buffers(resolve_tree(None))
+    assert b.num_nodes == 63 and b.max_depth == 4
+    assert max(b.top_k_per_head()) == 10
+    # every named tree is prefix-closed and nested in the default where it is a prefix of it
+    for name, tree in NAMED_TREES.items():
+        assert build_tree_buffers(resolve_tree(name)).num_nodes == len(tree)
+
+
+@pytest.mark.parametrize("tree, kwargs, message", [
+    ([(0,), (0, 0, 1)], {}, r"not prefix-closed: \[0, 0, 1\] needs its parent \[0, 0\]"),
+    ([(0,), (0,)], {}, "lists a path twice"),
+    ([(0,), ()], {}, "non-empty list of ranks"),
+    ([(0,), (0, 0), (0, 0, 0)], {"num_heads": 2}, "3 deep but there are only 2 Medusa heads"),
+    ([(0,), (4,)], {"top_k": 3}, "beyond the top-3"),
+])
+def test_invalid_trees(tree, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        validate_tree(tree, **kwargs)
+
+
+def test_unknown_tree_name():
+    with pytest.raises(ValueError, match="Unknown tree 'huge'. Named trees: "):
+        resolve_tree("huge")
