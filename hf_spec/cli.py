@@ -11,6 +11,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="plain generate() against each strategy on one prompt")
     demo.add_argument("--target", help="target model (Hub id or path); default: a tiny offline model")
     demo.add_argument("--draft", help="draft model (Hub id or path) sharing the target's tokenizer")
+    demo.add_argument("--medusa-heads", help="Medusa heads (Hub id or path) for the target")
+    demo.add_argument("--tree", default="tree_8", help="Medusa tree name (default tree_8)")
     demo.add_argument("--prompt", default=None)
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
@@ -18,8 +20,10 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = commands.add_parser("bench", help="tokens/s against plain generate() and assisted generation")
     bench.add_argument("--target", required=True, help="target model (Hub id or path)")
-    bench.add_argument("--draft", required=True, help="draft model (Hub id or path)")
-    bench.add_argument("--modes", default="vanilla,assisted,draft", help="any of vanilla, assisted, draft")
+    bench.add_argument("--draft", help="draft model (Hub id or path), for the assisted and draft modes")
+    bench.add_argument("--medusa-heads", help="Medusa heads (Hub id or path), for the medusa mode")
+    bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63) or a JSON list of paths")
+    bench.add_argument("--modes", default="vanilla,assisted,draft", help="any of vanilla, assisted, draft, medusa")
     bench.add_argument("--k", default="3,5,8", help="speculative tokens, comma-separated")
     bench.add_argument("--questions", help="Spec-Bench jsonl (default: ../shared/data/spec_bench_questions.jsonl)")
     bench.add_argument("--per-category", type=int, help="the first N questions of each category")
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import DEFAULT_PROMPT, run_demo
 
         results = run_demo(args.target, args.draft, args.prompt or DEFAULT_PROMPT, args.max_new_tokens,
-                           args.num_speculative_tokens, args.dtype)
+                           args.num_speculative_tokens, args.dtype, args.medusa_heads, args.tree)
         return 0 if all(result["equal_to_plain"] for result in results.values()) else 1
     return 2
 

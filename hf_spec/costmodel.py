@@ -12,11 +12,14 @@ s_i is the survival at position i, the share of steps whose first i proposals we
                          speculative: P_t + P_d + (N / E(k)) (D(k) + V(k))
 
 with P_t, P_d the prefill times of target and draft; predicted speedup = plain time / speculative time.
+A tree of n nodes from heads on the target (Medusa) costs c_t(n + 1) per step and no draft prefill;
+its E is the measured tokens per step.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+TREE_FORMULA = "tree: predicted speedup = (P_t + (N-1) c_t(1)) / (P_t + N/E * c_t(n+1)), E measured tokens/step"
 FORMULA = ("predicted speedup = (P_t + (N-1) c_t(1)) / (P_t + P_d + N/E(k) * (D(k) + c_t(k+1))), "
            "E(k) = 1 + s_1 + ... + s_k, D(k) = (k-1) c_d(1) + (1-s_k) c_d(1) + s_k c_d(2)")
 
@@ -53,4 +56,10 @@ def predicted_speedup(costs: Costs, survival: list[float], new_tokens: int) -> f
     plain = costs.target_prefill + (new_tokens - 1) * costs.target_step[1]
     steps = new_tokens / expected_tokens_per_step(survival)
     speculative = costs.target_prefill + costs.draft_prefill + steps * chain_step_seconds(costs, survival)
+    return plain / speculative
+
+
+def predicted_tree_speedup(costs: Costs, tokens_per_step: float, num_nodes: int, new_tokens: int) -> float:
+    plain = costs.target_prefill + (new_tokens - 1) * costs.target_step[1]
+    speculative = costs.target_prefill + new_tokens / tokens_per_step * costs.target_step[num_nodes + 1]
     return plain / speculative

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import hf_spec
 
 from .bench.prompts import encode
+from .medusa import MedusaHeads, load_medusa_heads
 from .testing import char_tokenizer, perturbed_draft, tiny_causal_lm
 
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
@@ -22,38 +23,43 @@ DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number
 @dataclass
 class DemoModels:
     target: object
-    draft: object
     tokenizer: object
     description: str
+    draft: object = None
+    medusa_heads: object = None
 
 
-def load_models(target: str | None, draft: str | None, dtype: str) -> DemoModels:
+def load_models(target: str | None, draft: str | None, medusa_heads: str | None, dtype: str) -> DemoModels:
     if target is None:
-        if draft is not None:
-            raise SystemExit("--draft needs --target.")
+        if draft is not None or medusa_heads is not None:
+            raise SystemExit("--draft and --medusa-heads need --target.")
         tiny = tiny_causal_lm("llama", hidden_size=64, num_layers=4)
-        return DemoModels(tiny, perturbed_draft(tiny, noise=0.1), char_tokenizer(),
-                          "tiny random-weight Llama (offline; text is noise) with a perturbed copy as draft")
-    if draft is None:
-        raise SystemExit("--target needs --draft (a smaller model with the same tokenizer).")
+        return DemoModels(tiny, char_tokenizer(), "tiny random-weight Llama (offline; text is noise), a perturbed "
+                          "copy as draft, untrained Medusa heads (they are rarely right)",
+                          draft=perturbed_draft(tiny, noise=0.1), medusa_heads=MedusaHeads.for_model(tiny, 4))
+    if draft is None and medusa_heads is None:
+        raise SystemExit("--target needs --draft (a smaller model with the same tokenizer) or --medusa-heads.")
     torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(target)
     target_model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype).eval()
-    draft_model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch_dtype).eval()
-    return DemoModels(target_model, draft_model, tokenizer, f"target {target}, draft {draft} ({dtype})")
+    draft_model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch_dtype).eval() if draft else None
+    heads = load_medusa_heads(medusa_heads, base_model=target_model) if medusa_heads else None
+    return DemoModels(target_model, tokenizer, f"target {target}, draft {draft}, Medusa heads {medusa_heads} ({dtype})",
+                      draft=draft_model, medusa_heads=heads)
 
 
 def run_demo(target=None, draft=None, prompt=DEFAULT_PROMPT, max_new_tokens=64, num_speculative_tokens=4,
-             dtype="float32", print_fn=print) -> dict:
-    models = load_models(target, draft, dtype)
+             dtype="float32", medusa_heads=None, tree="tree_8", print_fn=print) -> dict:
+    models = load_models(target, draft, medusa_heads, dtype)
     inputs = encode(models.tokenizer, prompt)
     prompt_len = inputs["input_ids"].shape[1]
     print_fn(f"hf-spec demo: {models.description}")
     print_fn(f"prompt: {prompt!r} ({prompt_len} tokens), {max_new_tokens} new tokens, greedy\n")
-    runs = {
-        "plain": {},
-        "draft": dict(strategy="draft", draft_model=models.draft, num_speculative_tokens=num_speculative_tokens),
-    }
+    runs = {"plain": {}}
+    if models.draft is not None:
+        runs["draft"] = dict(strategy="draft", draft_model=models.draft, num_speculative_tokens=num_speculative_tokens)
+    if models.medusa_heads is not None:
+        runs["medusa"] = dict(strategy="medusa", medusa_heads=models.medusa_heads, tree=tree)
     results, reference = {}, None
     for name, kwargs in runs.items():
         start = time.perf_counter()

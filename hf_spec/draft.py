@@ -20,7 +20,7 @@ class DraftModelProposer:
     The cache covers a prefix of the committed sequence plus the proposals fed so far. Each call feeds
     whatever committed tokens the cache lacks (the whole prompt the first time, then usually the bonus
     token), then one token per proposal; the last proposal is never fed. Rejections are forgotten by
-    cropping (``rollback``), never by re-prefilling.
+    cropping (``advance``), never by re-prefilling.
     """
 
     name = "draft"

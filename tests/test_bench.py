@@ -6,8 +6,10 @@ import pytest
 from hf_spec.bench import run_bench
 from hf_spec.bench.prompts import load_prompts
 from hf_spec.bench.report import summarize
-from hf_spec.bench.run import Run, mode_names
-from hf_spec.costmodel import Costs, chain_step_seconds, expected_tokens_per_step, predicted_speedup
+from hf_spec.bench.run import Contenders, Run, mode_names
+from hf_spec.costmodel import (Costs, chain_step_seconds, expected_tokens_per_step, predicted_speedup,
+                               predicted_tree_speedup)
+from hf_spec.medusa import MedusaHeads
 from hf_spec.testing import char_tokenizer, perturbed_draft, tiny_causal_lm
 
 
@@ -47,6 +49,8 @@ def test_predicted_speedup_worked_example():
     assert predicted_speedup(COSTS, [0.9, 0.7, 0.5], 65) == pytest.approx(66 / (2.5 + 65 / 3.1 * 2.325))
     # nothing accepted and costly verification: slower than plain decoding
     assert predicted_speedup(COSTS, [0.0, 0.0, 0.0], 65) < 1.0
+    # a 3-node tree with 2.5 tokens per step: 66 / (2 + 65 / 2.5 * c_t(4) = 52)
+    assert predicted_tree_speedup(COSTS, 2.5, 3, 65) == pytest.approx(66 / 54)
 
 
 def _run(mode, qid, seconds, tokens=10, stats=None, category="x", equal=True):
@@ -83,23 +87,26 @@ def test_mode_names():
         "vanilla", "vanilla-again", "assisted@3", "assisted@5", "draft@3", "draft@5"]
     with pytest.raises(ValueError, match="must include vanilla"):
         mode_names(["draft"], [3])
-    with pytest.raises(ValueError, match="Unknown mode 'medusa'"):
-        mode_names(["vanilla", "medusa"], [3])
+    assert mode_names(["vanilla", "medusa"], [3]) == ["vanilla", "vanilla-again", "medusa"]
+    with pytest.raises(ValueError, match="Unknown mode 'eagle'"):
+        mode_names(["vanilla", "eagle"], [3])
 
 
 def test_bench_end_to_end_json_and_plot(tmp_path):
     target = tiny_causal_lm(hidden_size=64, num_layers=2)
+    contenders = Contenders(target, perturbed_draft(target, 0.1), MedusaHeads.for_model(target, 3), "tree_8")
     lines = []
-    run_bench(target, perturbed_draft(target, 0.1), char_tokenizer(), prompts=load_prompts(per_category=1, limit=2),
-              modes=["vanilla", "assisted", "draft"], ks=[2], max_new_tokens=8, progress=False,
+    run_bench(contenders, char_tokenizer(), prompts=load_prompts(per_category=1, limit=2),
+              modes=["vanilla", "assisted", "draft", "medusa"], ks=[2], max_new_tokens=8, progress=False,
               print_fn=lines.append, json_path=tmp_path / "bench.json", plot_path=tmp_path / "bench.png")
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(report) == {"settings", "formula", "costs", "rows", "runs"}
-    assert len(report["runs"]) == 2 * 4  # 2 prompts x (vanilla, vanilla-again, assisted@2, draft@2)
+    assert len(report["runs"]) == 2 * 5  # 2 prompts x (vanilla, vanilla-again, assisted@2, draft@2, medusa)
     overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
     assert overall["draft@2"]["equal_to_vanilla"] == 1.0 and overall["assisted@2"]["equal_to_vanilla"] == 1.0
     assert {"tokens_per_s", "speedup", "acceptance_rate", "tokens_per_step", "decode_tokens_per_s",
             "overhead_share", "predicted_speedup"} <= set(overall["draft@2"])
-    assert set(report["costs"]["target_step"]) == {"1", "2", "3"}
+    assert set(report["costs"]["target_step"]) == {"1", "2", "3", "9"}  # 1, 2, k + 1, tree nodes + 1
+    assert overall["medusa"]["equal_to_vanilla"] == 1.0 and overall["medusa"]["predicted_speedup"] > 0
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert any("noise floor" in line for line in lines)

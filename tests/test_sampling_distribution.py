@@ -128,3 +128,58 @@ def test_wrong_rules_are_caught(pair, monkeypatch, wrong_rule):
     else:
         monkeypatch.setattr(hf_spec.loop, "speculative_sample", _bonus_from_draft)
     assert chi_square_p_value(draw(pair)[0], exact_joint(pair[0])) < ALPHA
+
+
+# --- Medusa: lossless sampling over a tree of deterministic candidates ---
+
+TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0)]
+
+
+@pytest.fixture(scope="module")
+def medusa_heads(pair):
+    from hf_spec.medusa import MedusaHeads
+
+    torch.manual_seed(3)
+    heads = MedusaHeads.for_model(pair[0], num_heads=2)
+    for head in heads.heads:
+        torch.nn.init.normal_(head[-1].weight, std=1.0)
+    return heads
+
+
+def draw_medusa(target, heads) -> list[tuple]:
+    torch.manual_seed(0)
+    samples, accepted = [], 0
+    for _ in range(DRAWS):
+        out = target.generate(PROMPT, strategy="medusa", medusa_heads=heads, tree=TREE, **SAMPLING)
+        samples.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
+        accepted += hf_spec.last_stats().accepted
+    return samples, accepted
+
+
+def _no_renormalisation(target_probs, node_tokens, children, uniforms):
+    """Wrong: each child is accepted with p(x) as if earlier rejections had not removed mass, and the
+    bonus token comes from p itself rather than from what the rejections left."""
+    accepted, node, draw = [], 0, 0
+    while True:
+        p = target_probs[node]
+        chosen = None
+        for kid in children[node]:
+            u, draw = float(uniforms[draw]), draw + 1
+            if u < float(p[node_tokens[kid - 1]]):
+                chosen = kid
+                break
+        if chosen is None:
+            return accepted, acceptance.sample_from(p, uniforms[-1])
+        accepted.append(chosen)
+        node = chosen
+
+
+def test_tree_sampling_recovers_the_target_distribution(pair, medusa_heads):
+    samples, accepted = draw_medusa(pair[0], medusa_heads)
+    assert accepted > DRAWS // 2  # candidates were accepted often, so the rule was exercised
+    assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
+
+
+def test_tree_sampling_without_renormalisation_is_caught(pair, medusa_heads, monkeypatch):
+    monkeypatch.setattr(hf_spec.loop, "sample_accept_tree", _no_renormalisation)
+    assert chi_square_p_value(draw_medusa(pair[0], medusa_heads)[0], exact_joint(pair[0])) < ALPHA

@@ -31,13 +31,13 @@ def forward_seconds(model, context: int, width: int, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def calibrate(target, draft, prompt_length: int, new_tokens: int, ks: list[int], repeats: int = 3) -> Costs:
-    """Costs at the context a mid-generation step sees: the prompt plus half the new tokens."""
+def calibrate(target, draft, prompt_length: int, new_tokens: int, widths: list[int], repeats: int = 3) -> Costs:
+    """Costs at the context a mid-generation step sees: the prompt plus half the new tokens.
+    ``widths``: the verification widths to time besides 1 and 2 (k + 1 for chains, n + 1 for trees)."""
     context = prompt_length + new_tokens // 2
-    widths = sorted({1, 2, *(k + 1 for k in ks)})
     return Costs(
-        target_step={w: forward_seconds(target, context, w, repeats) for w in widths},
-        draft_step={w: forward_seconds(draft, context, w, repeats) for w in (1, 2)},
+        target_step={w: forward_seconds(target, context, w, repeats) for w in sorted({1, 2, *widths})},
+        draft_step={w: forward_seconds(draft, context, w, repeats) for w in (1, 2)} if draft is not None else {},
         target_prefill=forward_seconds(target, 0, prompt_length, repeats=1),
-        draft_prefill=forward_seconds(draft, 0, prompt_length, repeats=1),
+        draft_prefill=forward_seconds(draft, 0, prompt_length, repeats=1) if draft is not None else 0.0,
     )

@@ -5,23 +5,24 @@ import json
 import statistics
 from dataclasses import asdict
 
-from ..costmodel import FORMULA, Costs, predicted_speedup
+from ..costmodel import FORMULA, TREE_FORMULA, Costs, predicted_speedup, predicted_tree_speedup
 from .run import Run
 
 
-def summarize(runs: list[Run], costs: Costs | None, new_tokens: int) -> list[dict]:
+def summarize(runs: list[Run], costs: Costs | None, new_tokens: int, tree_nodes: int | None = None) -> list[dict]:
     """One row per mode (and per category with ``by_category``): tokens/s over all its runs, ratios to vanilla."""
     rows = []
     modes = list(dict.fromkeys(run.mode for run in runs))
     vanilla_tps = _tokens_per_second([r for r in runs if r.mode == "vanilla"])
     for mode in modes:
-        rows.append(_row(mode, "all", [r for r in runs if r.mode == mode], runs, vanilla_tps, costs, new_tokens))
+        rows.append(_row(mode, "all", [r for r in runs if r.mode == mode], runs, vanilla_tps, costs, new_tokens,
+                         tree_nodes))
     for category in dict.fromkeys(run.category for run in runs):
         in_category = [r for r in runs if r.category == category]
         category_vanilla = _tokens_per_second([r for r in in_category if r.mode == "vanilla"])
         for mode in modes:
             rows.append(_row(mode, category, [r for r in in_category if r.mode == mode], in_category,
-                             category_vanilla, costs, new_tokens))
+                             category_vanilla, costs, new_tokens, tree_nodes))
     return rows
 
 
@@ -30,7 +31,7 @@ def _tokens_per_second(runs: list[Run]) -> float:
     return sum(r.new_tokens for r in runs) / seconds if seconds else 0.0
 
 
-def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens) -> dict:
+def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_nodes=None) -> dict:
     tps = _tokens_per_second(runs)
     vanilla_by_prompt = {(r.question_id, r.repeat): r for r in all_runs if r.mode == "vanilla"}
     ratios = [(r.new_tokens / r.seconds) / (v.new_tokens / v.seconds)
@@ -44,13 +45,20 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens) -> dict
         proposed, accepted = sum(s["proposed"] for s in stats), sum(s["accepted"] for s in stats)
         total, prefill = sum(s["total_s"] for s in stats), sum(s["prefill_s"] for s in stats)
         survival = _survival(stats)
+        tokens_per_step = sum(s["accepted"] + s["bonus"] for s in stats) / sum(s["steps"] for s in stats)
+        if costs is None:
+            predicted = None
+        elif mode == "medusa":
+            predicted = predicted_tree_speedup(costs, tokens_per_step, tree_nodes, new_tokens)
+        else:
+            predicted = predicted_speedup(costs, survival, new_tokens)
         row.update(
             acceptance_rate=accepted / proposed if proposed else 0.0,
-            tokens_per_step=sum(s["accepted"] + s["bonus"] for s in stats) / sum(s["steps"] for s in stats),
+            tokens_per_step=tokens_per_step,
             decode_tokens_per_s=sum(s["new_tokens"] for s in stats) / (total - prefill),
             overhead_share=sum(s["overhead_s"] for s in stats) / total,
             acceptance_by_position=survival,
-            predicted_speedup=predicted_speedup(costs, survival, new_tokens) if costs else None,
+            predicted_speedup=predicted,
         )
     return row
 
@@ -94,6 +102,8 @@ def format_report(rows: list[dict], costs: Costs | None) -> str:
                      f"(median per prompt {noise['median_prompt_speedup']:.3f}x)")
     if costs:
         parts.append(FORMULA)
+        if any(r["mode"] == "medusa" for r in rows):
+            parts.append(TREE_FORMULA)
         parts.append("costs (s): c_t " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.target_step.items())
                      + "; c_d " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.draft_step.items())
                      + f"; prefill target {costs.target_prefill:.3f}, draft {costs.draft_prefill:.3f}")

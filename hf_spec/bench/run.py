@@ -1,8 +1,8 @@
 """``hf-spec bench``: every mode in one process, on the same prompts, interleaved prompt by prompt.
 
 Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
-itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold) and
-``draft@k`` (this package).
+itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
+``draft@k`` and ``medusa`` (this package's strategies).
 """
 from __future__ import annotations
 
@@ -15,6 +15,16 @@ from tqdm.auto import tqdm
 import hf_spec
 
 from .prompts import Prompt, encode
+
+
+@dataclass
+class Contenders:
+    """The models a bench compares: the target, and what each strategy needs."""
+
+    target: object
+    draft: object = None
+    medusa_heads: object = None
+    tree: object = None
 
 
 @dataclass
@@ -36,32 +46,36 @@ def mode_names(modes: list[str], ks: list[int]) -> list[str]:
             names += ["vanilla", "vanilla-again"]
         elif mode in ("assisted", "draft"):
             names += [f"{mode}@{k}" for k in ks]
+        elif mode == "medusa":
+            names.append("medusa")
         else:
-            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft.")
+            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, medusa.")
     if "vanilla" not in names:
         raise ValueError("--modes must include vanilla: every speedup is measured against it.")
     return names
 
 
-def generate_once(mode: str, target, draft, inputs: dict, generation_kwargs: dict):
+def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kwargs: dict):
     """One timed generate() call: (sequences, seconds, stats or None)."""
     kwargs = dict(inputs, **generation_kwargs)
     if mode.startswith("assisted@"):
-        k = int(mode.split("@")[1])
-        draft.generation_config.num_assistant_tokens = k
-        draft.generation_config.num_assistant_tokens_schedule = "constant"
-        draft.generation_config.assistant_confidence_threshold = 0.0
-        kwargs["assistant_model"] = draft
+        config = contenders.draft.generation_config
+        config.num_assistant_tokens = int(mode.split("@")[1])
+        config.num_assistant_tokens_schedule = "constant"
+        config.assistant_confidence_threshold = 0.0
+        kwargs["assistant_model"] = contenders.draft
     elif mode.startswith("draft@"):
-        kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]))
+        kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=int(mode.split("@")[1]))
+    elif mode == "medusa":
+        kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
     start = time.perf_counter()
-    out = target.generate(**kwargs)
+    out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
-    stats = hf_spec.last_stats().to_dict() if mode.startswith("draft@") else None
+    stats = hf_spec.last_stats().to_dict() if mode.startswith(("draft@", "medusa")) else None
     return out, seconds, stats
 
 
-def run_modes(target, draft, tokenizer, prompts: list[Prompt], modes: list[str], generation_kwargs: dict,
+def run_modes(contenders: Contenders, tokenizer, prompts: list[Prompt], modes: list[str], generation_kwargs: dict,
               repeats: int = 1, progress: bool = True) -> list[Run]:
     """All modes on all prompts; the mode order rotates from prompt to prompt so that none is always first."""
     encoded = [encode(tokenizer, prompt.text) for prompt in prompts]
@@ -75,7 +89,7 @@ def run_modes(target, draft, tokenizer, prompts: list[Prompt], modes: list[str],
             outputs = {}
             for mode in order:
                 bar.set_postfix_str(f"{prompt.category} {mode}")
-                out, seconds, stats = generate_once(mode, target, draft, inputs, generation_kwargs)
+                out, seconds, stats = generate_once(mode, contenders, inputs, generation_kwargs)
                 outputs[mode] = out
                 runs.append(Run(mode, prompt.question_id, prompt.category, repeat,
                                 out.shape[1] - inputs["input_ids"].shape[1], seconds, None, stats))
