@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 
     bench = commands.add_parser("bench", help="tokens/s against plain generate() and assisted generation")
-    bench.add_argument("--target", required=True, help="target model (Hub id or path)")
+    bench.add_argument("--target", help="target model (Hub id or path)")
     bench.add_argument("--draft", help="draft model (Hub id or path), for the assisted and draft modes")
     bench.add_argument("--medusa-heads", help="Medusa heads (Hub id or path), for the medusa mode")
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63) or a JSON list of paths")
@@ -33,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--do-sample", action="store_true")
     bench.add_argument("--temperature", type=float, default=1.0)
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    bench.add_argument("--synthetic", metavar="TARGET:DRAFT",
+                       help="random weights at named shapes (e.g. llama-2-7b:tinyllama-1.1b), no downloads")
+    bench.add_argument("--alpha", default="0.5,0.8,0.95", help="--synthetic: acceptance per proposed token")
+    bench.add_argument("--device", default="cpu", help="--synthetic: where to build the models (e.g. cuda)")
+    bench.add_argument("--prompt-length", type=int, default=128, help="--synthetic: random prompt length")
     bench.add_argument("--json", help="write rows, runs and costs to this file")
     bench.add_argument("--plot", help="save speedup and acceptance against k to this PNG")
 
@@ -40,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from .bench import main as bench_main
 
+        if not args.synthetic and not args.target:
+            parser.error("bench needs --target (or --synthetic TARGET:DRAFT)")
         return bench_main(args)
     if args.command == "demo":
         from .demo import DEFAULT_PROMPT, run_demo

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from hf_spec.bench import run_bench
 from hf_spec.bench.prompts import load_prompts
@@ -110,3 +111,26 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert overall["medusa"]["equal_to_vanilla"] == 1.0 and overall["medusa"]["predicted_speedup"] > 0
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert any("noise floor" in line for line in lines)
+
+
+def test_synthetic_controlled_acceptance():
+    import hf_spec
+    from hf_spec.bench.synthetic import controlled_generate, random_model
+
+    target, draft = random_model("tiny"), random_model("tiny", seed=1)
+    prompt = torch.randint(256, (1, 12), generator=torch.Generator().manual_seed(0))
+    reference = target.generate(prompt, max_new_tokens=30, do_sample=False)
+    for alpha, acceptance in ((1.0, 1.0), (0.0, 0.0)):
+        out = target.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=controlled_generate,
+                              draft_model=draft, num_speculative_tokens=3, reference=reference, alpha=alpha)
+        assert torch.equal(out, reference)
+        assert hf_spec.last_stats().acceptance_rate == acceptance
+
+
+def test_synthetic_bench_rows(capsys):
+    from hf_spec.cli import main
+
+    assert main(["bench", "--synthetic", "tiny:tiny", "--alpha", "1.0", "--k", "2", "--limit", "1",
+                 "--max-new-tokens", "9", "--modes", "vanilla,draft", "--prompt-length", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "draft@2~1.0" in out and "noise floor" in out

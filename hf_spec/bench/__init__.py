@@ -21,8 +21,11 @@ from .run import Contenders, mode_names, run_modes
 
 def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_tokens=64, repeats=1,
               do_sample=False, temperature=1.0, calibrate_costs=True, progress=True, print_fn=print,
-              json_path=None, plot_path=None) -> list[dict]:
-    names = mode_names(modes, ks)
+              json_path=None, plot_path=None, encoded=None, alphas=None) -> list[dict]:
+    """Run and report. ``encoded``: the prompts' model inputs (default: chat-encoded with ``tokenizer``);
+    ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only)."""
+    names = mode_names(modes, ks, alphas)
+    encoded = encoded or [encode(tokenizer, p.text) for p in prompts]
     if any(n.startswith(("assisted@", "draft@")) for n in names) and contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
     tree_nodes = None
@@ -33,12 +36,15 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     generation_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
     if do_sample:
         generation_kwargs["temperature"] = temperature
-    prompt_length = round(statistics.mean(encode(tokenizer, p.text)["input_ids"].shape[1] for p in prompts))
+    prompt_length = round(statistics.mean(inputs["input_ids"].shape[1] for inputs in encoded))
     costs = None
     if calibrate_costs and any(name.startswith(("draft@", "medusa")) for name in names):
         widths = [k + 1 for k in ks] + ([tree_nodes + 1] if tree_nodes else [])
         costs = calibrate(contenders.target, contenders.draft, prompt_length, max_new_tokens, widths)
-    runs = run_modes(contenders, tokenizer, prompts, names, generation_kwargs, repeats, progress)
+    references = None
+    if alphas:  # the target's own greedy continuations, for the controlled proposer (untimed)
+        references = [contenders.target.generate(**inputs, **generation_kwargs) for inputs in encoded]
+    runs = run_modes(contenders, prompts, encoded, names, generation_kwargs, repeats, progress, references)
     rows = summarize(runs, costs, max_new_tokens, tree_nodes)
     print_fn(f"{len(prompts)} prompts x {repeats} repeats, {max_new_tokens} new tokens, "
              f"{'sampling T=' + str(temperature) if do_sample else 'greedy'}, mean prompt {prompt_length} tokens")
@@ -53,6 +59,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
 
 
 def main(args) -> int:
+    if args.synthetic:
+        return synthetic_main(args)
     prompts = load_prompts(args.questions, args.per_category, args.limit)
     dtype = getattr(torch, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -66,3 +74,26 @@ def main(args) -> int:
                      repeats=args.repeats, do_sample=args.do_sample, temperature=args.temperature,
                      json_path=args.json, plot_path=args.plot)
     return 0 if all(r["equal_to_vanilla"] in (None, 1.0) for r in rows) else 1
+
+
+def synthetic_main(args) -> int:
+    """Random weights at named shapes on ``--device``, random prompts, acceptance set by ``--alpha``."""
+    from .prompts import Prompt
+    from .synthetic import random_model
+
+    target_shape, draft_shape = args.synthetic.split(":")
+    dtype = getattr(torch, args.dtype)
+    target = random_model(target_shape, args.device, dtype)
+    draft = random_model(draft_shape, args.device, dtype, seed=1)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    count = args.limit or 4
+    prompts = [Prompt(f"random-{i}", "random", "") for i in range(count)]
+    encoded = [{"input_ids": torch.randint(vocab, (1, args.prompt_length), generator=generator).to(args.device)}
+               for _ in range(count)]
+    alphas = [float(a) for a in args.alpha.split(",")]
+    modes = [m for m in args.modes.split(",") if m in ("vanilla", "draft")]
+    run_bench(Contenders(target, draft), None, prompts=prompts, modes=modes, ks=[int(k) for k in args.k.split(",")],
+              max_new_tokens=args.max_new_tokens, repeats=args.repeats, encoded=encoded, alphas=alphas,
+              json_path=args.json, plot_path=args.plot)
+    return 0

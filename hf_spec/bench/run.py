@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 import hf_spec
 
-from .prompts import Prompt, encode
+from .prompts import Prompt
 
 
 @dataclass
@@ -39,11 +39,15 @@ class Run:
     stats: dict | None = field(default=None)
 
 
-def mode_names(modes: list[str], ks: list[int]) -> list[str]:
+def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None) -> list[str]:
+    """e.g. (["vanilla", "draft"], [3]) -> vanilla, vanilla-again, draft@3; with alphas [0.8] the draft's
+    acceptance is controlled (synthetic bench): draft@3~0.8."""
     names = []
     for mode in modes:
         if mode == "vanilla":
             names += ["vanilla", "vanilla-again"]
+        elif mode == "draft" and alphas:
+            names += [f"draft@{k}~{alpha}" for alpha in alphas for k in ks]
         elif mode in ("assisted", "draft"):
             names += [f"{mode}@{k}" for k in ks]
         elif mode == "medusa":
@@ -55,10 +59,18 @@ def mode_names(modes: list[str], ks: list[int]) -> list[str]:
     return names
 
 
-def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kwargs: dict):
-    """One timed generate() call: (sequences, seconds, stats or None)."""
+def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kwargs: dict, reference=None):
+    """One timed generate() call: (sequences, seconds, stats or None).
+
+    ``reference`` [1, L]: the target's greedy output, for acceptance-controlled modes (draft@k~alpha)."""
     kwargs = dict(inputs, **generation_kwargs)
-    if mode.startswith("assisted@"):
+    if "~" in mode:
+        from .synthetic import controlled_generate
+
+        k, alpha = mode.removeprefix("draft@").split("~")
+        kwargs.update(custom_generate=controlled_generate, draft_model=contenders.draft, num_speculative_tokens=int(k),
+                      reference=reference, alpha=float(alpha))
+    elif mode.startswith("assisted@"):
         config = contenders.draft.generation_config
         config.num_assistant_tokens = int(mode.split("@")[1])
         config.num_assistant_tokens_schedule = "constant"
@@ -75,10 +87,11 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     return out, seconds, stats
 
 
-def run_modes(contenders: Contenders, tokenizer, prompts: list[Prompt], modes: list[str], generation_kwargs: dict,
-              repeats: int = 1, progress: bool = True) -> list[Run]:
-    """All modes on all prompts; the mode order rotates from prompt to prompt so that none is always first."""
-    encoded = [encode(tokenizer, prompt.text) for prompt in prompts]
+def run_modes(contenders: Contenders, prompts: list[Prompt], encoded: list[dict], modes: list[str],
+              generation_kwargs: dict, repeats: int = 1, progress: bool = True, references=None) -> list[Run]:
+    """All modes on all prompts; the mode order rotates from prompt to prompt so that none is always first.
+
+    encoded: the model inputs of each prompt; references: each prompt's greedy output (controlled modes)."""
     greedy = not generation_kwargs.get("do_sample", False)
     runs = []
     bar = tqdm(total=repeats * len(prompts) * len(modes), disable=not progress, desc="bench", unit="run")
@@ -89,7 +102,8 @@ def run_modes(contenders: Contenders, tokenizer, prompts: list[Prompt], modes: l
             outputs = {}
             for mode in order:
                 bar.set_postfix_str(f"{prompt.category} {mode}")
-                out, seconds, stats = generate_once(mode, contenders, inputs, generation_kwargs)
+                reference = references[index] if references is not None else None
+                out, seconds, stats = generate_once(mode, contenders, inputs, generation_kwargs, reference)
                 outputs[mode] = out
                 runs.append(Run(mode, prompt.question_id, prompt.category, repeat,
                                 out.shape[1] - inputs["input_ids"].shape[1], seconds, None, stats))
