@@ -61,19 +61,27 @@ def rollback(cache: Cache, keep: int) -> None:
         cache.crop(-excess)
 
 
-def keep_path(cache: Cache, keep: int, block_start: int, path: list[int]) -> None:
+def keep_path(cache: Cache, keep: int, block_start: int, path: list[int], compact_layer=None) -> None:
     """Keep cache positions [0, keep) followed by block entries ``block_start + i`` for i in ``path``.
 
     e.g. keep 10, block_start 9, path [1, 3] (the root at 9 stays): position 12 moves to 11, then crop to 12.
-    ``path`` is ascending; a path that is already contiguous after ``keep`` only crops.
+    ``path`` is ascending; a path that is already contiguous after ``keep`` only crops. ``compact_layer``
+    (keys, values, sources, destinations) moves one layer's entries; default: :func:`compact_layer_torch`.
     """
     sources = [block_start + i for i in path]
     destinations = list(range(keep, keep + len(path)))
     if sources != destinations:
+        compact_layer = compact_layer or compact_layer_torch
         for layer in cache.layers:
-            src = torch.tensor(sources, device=layer.keys.device)
-            dst = torch.tensor(destinations, device=layer.keys.device)
-            # index_select copies first, so overlapping moves read the old values
-            layer.keys[..., dst, :] = layer.keys.index_select(-2, src)
-            layer.values[..., dst, :] = layer.values.index_select(-2, src)
+            device = layer.keys.device
+            compact_layer(layer.keys, layer.values, torch.tensor(sources, device=device),
+                          torch.tensor(destinations, device=device))
     rollback(cache, keep + len(path))
+
+
+def compact_layer_torch(keys: torch.Tensor, values: torch.Tensor, sources: torch.Tensor,
+                        destinations: torch.Tensor) -> None:
+    """In place, for keys and values [batch, heads, seq, head_dim]: position sources[i] -> destinations[i].
+    index_select copies first, so overlapping moves read the old values."""
+    keys[..., destinations, :] = keys.index_select(-2, sources)
+    values[..., destinations, :] = values.index_select(-2, sources)

@@ -15,11 +15,12 @@ from transformers import GenerationConfig, LogitsProcessorList, StopStringCriter
 
 from .cache import check_rollback_supported, new_cache, take_cache
 from .logits import greedy_accept, process_block, speculative_sample
-from .logits.tree_acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
+from .logits.tree_acceptance import typical_accept_tree
 from .output import OutputRecorder
 from .proposer import Proposal, Proposer
 from .runner import CachedModel
 from .stats import SpecStats, StepTimer, _set_last_stats
+from .tree_verify import TORCH, TreeVerifier
 
 
 def check_supported(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, strategy: str) -> None:
@@ -46,13 +47,14 @@ def with_stop_strings(stopping_criteria: StoppingCriteriaList, stop_strings, tok
 
 
 class Acceptance:
-    """Which verification rule a step uses: greedy, lossless sampling, or Medusa's lossy typical rule."""
+    """Which verification rule a step uses: greedy, lossless sampling, or Medusa's lossy typical rule;
+    trees go through ``verifier`` (the torch reference or the Triton kernels, ``hf_spec.tree_verify``)."""
 
     def __init__(self, do_sample: bool, rule: str = "exact", posterior_threshold: float = 0.09,
-                 posterior_alpha: float = 0.3):
+                 posterior_alpha: float = 0.3, verifier: TreeVerifier = TORCH):
         if rule not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical'; got {rule!r}.")
-        self.do_sample, self.rule = do_sample, rule
+        self.do_sample, self.rule, self.verifier = do_sample, rule, verifier
         self.posterior_threshold, self.posterior_alpha = posterior_threshold, posterior_alpha
 
     def __call__(self, proposal: Proposal, scores: torch.Tensor) -> tuple[list[int], torch.Tensor]:
@@ -62,7 +64,7 @@ class Acceptance:
             if tree is None:
                 num_accepted, bonus = greedy_accept(scores, tokens)
                 return list(range(1, num_accepted + 1)), bonus
-            return greedy_accept_tree(scores, tokens, tree.parents, tree.retrieve)
+            return self.verifier.greedy(scores, tokens, tree.parents, tree.retrieve)
         probs = scores.softmax(-1)
         uniforms = torch.rand(proposal.num_tokens + 1, device=scores.device)
         if tree is None:
@@ -71,7 +73,7 @@ class Acceptance:
         if self.rule == "typical":
             return typical_accept_tree(probs, tokens, tree.parents, tree.retrieve, self.posterior_threshold,
                                        self.posterior_alpha, uniforms[0])
-        return sample_accept_tree(probs, tokens, tree.children, uniforms)
+        return self.verifier.sample(probs, tokens, tree.children, uniforms)
 
 
 def speculative_generate(
@@ -132,7 +134,7 @@ def speculative_generate(
         scores = process_block(logits_processor, sequence, proposal.tokens, proposal.parents, logits)
         accepted, bonus = acceptance(proposal, scores)
         stats.record_step(_proposed_depth(proposal, accepted), len(accepted))
-        target.keep_path(committed, committed - 1, accepted)
+        target.keep_path(committed, committed - 1, accepted, acceptance.verifier.compact_layer)
         last = accepted[-1] if accepted else 0
         proposer.advance(committed + len(accepted), hidden[last] if hidden is not None else None)
 

@@ -72,9 +72,9 @@ class CachedModel:
     def rollback(self, keep: int) -> None:
         rollback(self.cache, keep)
 
-    def keep_path(self, keep: int, block_start: int, path: list[int]) -> None:
+    def keep_path(self, keep: int, block_start: int, path: list[int], compact_layer=None) -> None:
         """Keep the first ``keep`` cached tokens, then the block entries at indices ``path`` (ascending)."""
-        keep_path(self.cache, keep, block_start, path)
+        keep_path(self.cache, keep, block_start, path, compact_layer)
 
     def _full_mask(self, end: int) -> torch.Tensor:
         prompt_len = self.padding_mask.shape[1]

@@ -70,7 +70,7 @@ def sample_accept_tree(target_probs: torch.Tensor, node_tokens: torch.LongTensor
         if not kids:
             return accepted, sample_from(p, uniforms[draw])
         kid_probs = p[[tokens[kid - 1] for kid in kids]].tolist()
-        remaining, chosen, rejected = float(p.sum()), None, []
+        remaining, chosen, rejected = 1.0, None, []  # p is a distribution: it sums to one
         for kid, prob in zip(kids, kid_probs):
             if remaining > 0 and float(uniforms[draw]) * remaining < prob:
                 chosen = kid

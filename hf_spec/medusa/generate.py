@@ -8,6 +8,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from ..loop import Acceptance, check_supported, speculative_generate, with_stop_strings
 from ..runner import padding_mask_of
+from ..tree_verify import get_verifier
 from ..trees import resolve_tree, validate_tree
 from .heads import MedusaHeads
 from .loading import _check_fits, load_medusa_heads
@@ -36,6 +37,7 @@ def generate(
     acceptance: str = "exact",
     posterior_threshold: float = 0.09,
     posterior_alpha: float = 0.3,
+    tree_verifier: str = "auto",
     revision: str | None = None,
     token=None,
     token_streamer=None,
@@ -50,6 +52,7 @@ def generate(
     huggingface_hub. tree: a name from ``hf_spec.trees.NAMED_TREES`` (default: upstream's 63-node tree) or
     a list of paths of per-head top-k ranks. acceptance: "exact" (greedy match; lossless sampling) or
     "typical" (Medusa's lossy rule with posterior_threshold and posterior_alpha; sampling only).
+    tree_verifier: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
     token_streamer, target_tokenizer: what generate() calls streamer and tokenizer (see hf_spec.draft).
     """
     check_supported(model, input_ids, generation_config, "medusa")
@@ -69,6 +72,7 @@ def generate(
         generation_config,
         streamer=token_streamer,
         padding_mask=padding_mask,
-        acceptance=Acceptance(generation_config.do_sample, acceptance, posterior_threshold, posterior_alpha),
+        acceptance=Acceptance(generation_config.do_sample, acceptance, posterior_threshold, posterior_alpha,
+                              get_verifier(tree_verifier, model.device)),
         **model_kwargs,
     )

@@ -1,0 +1,51 @@
+"""Tree verification backends: ``tree_verifier="auto" | "triton" | "torch"``.
+
+"torch" is the reference (``hf_spec.logits.tree_acceptance`` and ``hf_spec.cache.compact_layer_torch``) and
+runs everywhere; "triton" runs the kernels of ``triton_kernels`` on CUDA tensors (or on CPU tensors through
+the Triton interpreter when ``TRITON_INTERPRET=1``); "auto" takes Triton on CUDA when it is installed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..cache import compact_layer_torch
+from ..logits import tree_acceptance
+
+VERIFIERS = ("auto", "triton", "torch")
+
+
+@dataclass(frozen=True)
+class TreeVerifier:
+    name: str
+    greedy: Callable  # (target_scores, node_tokens, parents, retrieve) -> (accepted, bonus)
+    sample: Callable  # (target_probs, node_tokens, children, uniforms) -> (accepted, bonus)
+    compact_layer: Callable  # (keys, values, sources, destinations) -> None, in place
+
+
+TORCH = TreeVerifier("torch", tree_acceptance.greedy_accept_tree, tree_acceptance.sample_accept_tree,
+                     compact_layer_torch)
+
+
+def triton_usable(device: torch.device) -> bool:
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def get_verifier(name: str, device: torch.device) -> TreeVerifier:
+    if name not in VERIFIERS:
+        raise ValueError(f"tree_verifier must be one of {', '.join(map(repr, VERIFIERS))}; got {name!r}.")
+    if name == "torch" or (name == "auto" and not (device.type == "cuda" and triton_usable(device))):
+        return TORCH
+    if not triton_usable(device):
+        raise ValueError(f"tree_verifier='triton' needs Triton and a CUDA device (got {device}); "
+                         "use tree_verifier='torch' or 'auto'.")
+    from . import triton_kernels
+
+    return TreeVerifier("triton", triton_kernels.greedy_accept_tree, triton_kernels.sample_accept_tree,
+                        triton_kernels.compact_layer)
