@@ -147,3 +147,12 @@ def test_verifier_choice(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="needs Triton and a CUDA device"):
         get_verifier("triton", torch.device("cpu"))
+
+
+def test_micro_benchmark_runs_and_grows_trees():
+    from hf_spec.tree_verify.benchmark import format_rows, run, tree_of_size
+
+    assert len(set(tree_of_size(128))) == 128 and build_tree_buffers(tree_of_size(128)).num_nodes == 128
+    rows = run(DEVICE, [16], [300], repeats=1, layers=2, cache_shape=(2, 80, 8))
+    assert [row["what"] for row in rows] == ["accept greedy", "accept sampling", "compact 2 layers"]
+    assert "speedup" in format_rows(rows)
