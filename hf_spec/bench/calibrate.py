@@ -19,6 +19,8 @@ def forward_seconds(model, context: int, width: int, repeats: int = 3) -> float:
     with torch.no_grad():
         if context:
             runner.forward(torch.randint(vocab, (1, context)), logits_to_keep=1)
+        runner.forward(torch.randint(vocab, (1, width)), logits_to_keep=width)  # warm-up: first calls of a shape
+        runner.rollback(context)
         times = []
         for _ in range(repeats):
             tokens = torch.randint(vocab, (1, width))
@@ -31,7 +33,7 @@ def forward_seconds(model, context: int, width: int, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def calibrate(target, draft, prompt_length: int, new_tokens: int, widths: list[int], repeats: int = 3) -> Costs:
+def calibrate(target, draft, prompt_length: int, new_tokens: int, widths: list[int], repeats: int = 5) -> Costs:
     """Costs at the context a mid-generation step sees: the prompt plus half the new tokens.
     ``widths``: the verification widths to time besides 1 and 2 (k + 1 for chains, n + 1 for trees)."""
     context = prompt_length + new_tokens // 2
