@@ -102,17 +102,30 @@ def test_writer_round_trip_matches_upstream_fixture(tmp_path, base):
     assert_heads_equal_state(load_medusa_heads(tmp_path / "ours"), state)
 
 
-def test_hub_id_goes_through_huggingface_hub(tmp_path, monkeypatch, base):
-    repo = write_medusa1(tmp_path / "hub", upstream_state(), "safetensors")
+@pytest.mark.parametrize("layout", ["medusa1", "medusa2"])
+def test_hub_id_goes_through_huggingface_hub(tmp_path, monkeypatch, base, layout):
+    """hf_hub_download (its cache, revision, token, offline mode) serves every file; a missing file is
+    EntryNotFoundError, as the Hub answers."""
+    from huggingface_hub.errors import EntryNotFoundError
+
+    state = upstream_state()
+    repo = write_medusa1(tmp_path / "hub", state, "safetensors") if layout == "medusa1" else \
+        write_medusa2(tmp_path / "hub", state)
     calls = []
-    monkeypatch.setattr(loading, "list_repo_files", lambda name, revision, token: (
-        calls.append(("list", name, revision, token)) or sorted(p.name for p in repo.iterdir())))
-    monkeypatch.setattr(loading, "hf_hub_download", lambda name, filename, revision, token: (
-        calls.append(("download", filename, revision, token)) or str(repo / filename)))
+
+    def download(name, filename, revision, token):
+        calls.append((name, filename, revision, token))
+        if not (repo / filename).is_file():
+            raise EntryNotFoundError(f"{filename} not found")
+        return str(repo / filename)
+
+    monkeypatch.setattr(loading, "hf_hub_download", download)
     heads = load_medusa_heads("someone/medusa-tiny", base_model=base, revision="v1", token="secret")
-    assert heads.num_heads == HEADS
-    assert ("list", "someone/medusa-tiny", "v1", "secret") in calls
-    assert ("download", "medusa_lm_head.safetensors", "v1", "secret") in calls
+    assert_heads_equal_state(heads, state)
+    assert all(call[0] == "someone/medusa-tiny" and call[2:] == ("v1", "secret") for call in calls)
+    if layout == "medusa2":  # only the shard holding medusa_head.* is fetched
+        fetched = {call[1] for call in calls}
+        assert "model-00002-of-00002.safetensors" in fetched and "model-00001-of-00002.safetensors" not in fetched
 
 
 def test_push_to_hub_uploads_the_medusa1_layout(tmp_path, monkeypatch, base):

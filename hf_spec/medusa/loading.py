@@ -19,7 +19,8 @@ import re
 from pathlib import Path
 
 import torch
-from huggingface_hub import hf_hub_download, list_repo_files
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
 from safetensors import safe_open
 
 from .heads import CONFIG_NAME, PT_NAME, SAFETENSORS_NAME, MedusaHeads
@@ -90,31 +91,38 @@ def _check_fits(hidden_size: int, vocab_size: int, base_model) -> None:
 
 
 class _RepoFiles:
-    """Files of a local folder or a Hub repo (downloaded through huggingface_hub's cache on demand)."""
+    """Files of a local folder or a Hub repo. Hub files come through huggingface_hub's cache (so
+    ``HF_HUB_OFFLINE=1`` works once they are cached); a file is looked up only when it is needed."""
 
     def __init__(self, name: str, revision, token):
         self.name, self.revision, self.token = name, revision, token
         self.local = Path(name) if Path(name).is_dir() else None
-        self._listing = None
-
-    def listing(self) -> list[str]:
-        if self._listing is None:
-            if self.local is not None:
-                self._listing = sorted(str(p.relative_to(self.local)) for p in self.local.rglob("*") if p.is_file())
-            else:
-                self._listing = list_repo_files(self.name, revision=self.revision, token=self.token)
-        return self._listing
+        self._paths: dict[str, str | None] = {}
 
     def has(self, filename: str) -> bool:
-        return filename in self.listing()
+        return self._resolve(filename) is not None
 
     def path(self, filename: str) -> str:
-        if self.local is not None:
-            return str(self.local / filename)
-        return hf_hub_download(self.name, filename, revision=self.revision, token=self.token)
+        path = self._resolve(filename)
+        if path is None:
+            raise FileNotFoundError(f"{self.name} has no {filename}.")
+        return path
 
     def read_text(self, filename: str) -> str:
         return Path(self.path(filename)).read_text()
+
+    def _resolve(self, filename: str) -> str | None:
+        if filename not in self._paths:
+            if self.local is not None:
+                path = self.local / filename
+                self._paths[filename] = str(path) if path.is_file() else None
+            else:
+                try:
+                    self._paths[filename] = hf_hub_download(self.name, filename, revision=self.revision,
+                                                            token=self.token)
+                except EntryNotFoundError:
+                    self._paths[filename] = None
+        return self._paths[filename]
 
 
 def _read_safetensors(paths: list[str], prefix: str = "") -> dict[str, torch.Tensor]:
@@ -140,10 +148,9 @@ def _read_pt(path: str, prefix: str = "") -> dict[str, torch.Tensor]:
 
 def _read_medusa2(files: _RepoFiles) -> dict[str, torch.Tensor]:
     """The medusa_head.* tensors of a whole-model repo, from only the shards that hold them."""
-    listing = files.listing()
     for index_name, reader in (("model.safetensors.index.json", _read_safetensors),
                                ("pytorch_model.bin.index.json", None)):
-        if index_name in listing:
+        if files.has(index_name):
             weight_map = json.loads(files.read_text(index_name))["weight_map"]
             shards = sorted({shard for key, shard in weight_map.items() if key.startswith(MEDUSA2_PREFIX)})
             if reader is not None:
@@ -152,8 +159,8 @@ def _read_medusa2(files: _RepoFiles) -> dict[str, torch.Tensor]:
             for shard in shards:
                 state.update(_read_pt(files.path(shard), MEDUSA2_PREFIX))
             return state
-    if "model.safetensors" in listing:
+    if files.has("model.safetensors"):
         return _read_safetensors([files.path("model.safetensors")], MEDUSA2_PREFIX)
-    if "pytorch_model.bin" in listing:
+    if files.has("pytorch_model.bin"):
         return _read_pt(files.path("pytorch_model.bin"), MEDUSA2_PREFIX)
     return {}
