@@ -38,7 +38,7 @@ class DraftModelProposer:
         feed = prefix[:, self.draft.cached_length :]
         probs = []
         for _ in range(num_tokens):
-            logits = self.draft.forward(feed, logits_to_keep=1).float()  # [1, vocab]
+            logits = self.draft.forward(feed, logits_to_keep=1).logits.float()  # [1, vocab]
             feed, q = self._next_token(logits, prefix, logits_processor, do_sample)  # [1, 1], [1, vocab]
             probs.append(q)
             prefix = torch.cat([prefix, feed], dim=-1)

@@ -112,8 +112,8 @@ def speculative_generate(
     with timer("prefill_s"):
         target.rollback(sequence.shape[1] - 1)
         if target.cached_length < sequence.shape[1] - 1:
-            out = target.forward(sequence[:, target.cached_length : -1], 1, hidden_states=hidden_states)
-            proposer.advance(target.cached_length, out[1][-1] if hidden_states else None)
+            prefill = target.forward(sequence[:, target.cached_length : -1], 1, hidden_states=hidden_states)
+            proposer.advance(target.cached_length, prefill.hidden[-1] if hidden_states else None)
 
     finished = False
     while not finished:
@@ -126,10 +126,10 @@ def speculative_generate(
         with timer("verify_s"):
             block = torch.cat([sequence[:, -1:], proposal.tokens], dim=-1)  # root + proposals
             tree = proposal.tree
-            out = target.forward(block, proposal.num_tokens + 1, hidden_states=hidden_states,
-                                 tree_mask=None if tree is None else tree.ancestor_mask,
-                                 tree_depths=None if tree is None else tree.depths)
-            logits, hidden = out if hidden_states else (out, None)  # [num_nodes + 1, vocab], [.., hidden]
+            logits, hidden = target.forward(block, proposal.num_tokens + 1, hidden_states=hidden_states,
+                                            tree_mask=None if tree is None else tree.ancestor_mask,
+                                            tree_depths=None if tree is None else tree.depths)
+            # logits [num_nodes + 1, vocab]; hidden [num_nodes + 1, hidden_size] or None
 
         scores = process_block(logits_processor, sequence, proposal.tokens, proposal.parents, logits)
         accepted, bonus = acceptance(proposal, scores)

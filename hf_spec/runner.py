@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import NamedTuple
 
 import torch
 from transformers.cache_utils import Cache
@@ -23,6 +24,11 @@ def padding_mask_of(model_kwargs: dict) -> torch.Tensor | None:
     if mask.dim() != 2:
         raise ValueError(f"attention_mask must be 2D [batch, prompt_len]; got shape {tuple(mask.shape)}.")
     return mask
+
+
+class ForwardOutput(NamedTuple):
+    logits: torch.Tensor  # [m, vocab]
+    hidden: torch.Tensor | None  # [m, hidden_size] last hidden states, when asked for
 
 
 class CachedModel:
@@ -47,7 +53,7 @@ class CachedModel:
         return self.cache.get_seq_length()
 
     def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0, tree_mask: torch.BoolTensor | None = None,
-                tree_depths: torch.LongTensor | None = None, hidden_states: bool = False):
+                tree_depths: torch.LongTensor | None = None, hidden_states: bool = False) -> ForwardOutput:
         """Feed tokens [1, n]; return logits [m, vocab] for the last ``logits_to_keep`` rows (0: all n),
         and with ``hidden_states`` also the last hidden states [m, hidden].
 
@@ -64,10 +70,8 @@ class CachedModel:
                              output_hidden_states=hidden_states, **extra)
         logits = outputs.logits[0]
         logits = logits[-logits_to_keep:] if logits_to_keep else logits
-        if not hidden_states:
-            return logits
-        hidden = outputs.hidden_states[-1][0]
-        return logits, hidden[-logits.shape[0]:]
+        hidden = outputs.hidden_states[-1][0, -logits.shape[0]:] if hidden_states else None
+        return ForwardOutput(logits, hidden)
 
     def rollback(self, keep: int) -> None:
         rollback(self.cache, keep)
