@@ -181,5 +181,13 @@ def test_tree_sampling_recovers_the_target_distribution(pair, medusa_heads):
 
 
 def test_tree_sampling_without_renormalisation_is_caught(pair, medusa_heads, monkeypatch):
-    monkeypatch.setattr(hf_spec.loop, "sample_accept_tree", _no_renormalisation)
+    import dataclasses
+    import importlib
+
+    from hf_spec.tree_verify import TORCH
+
+    medusa_generate = importlib.import_module("hf_spec.medusa.generate")  # the module, not the function
+
+    wrong = dataclasses.replace(TORCH, sample=_no_renormalisation)
+    monkeypatch.setattr(medusa_generate, "get_verifier", lambda name, device: wrong)
     assert chi_square_p_value(draw_medusa(pair[0], medusa_heads)[0], exact_joint(pair[0])) < ALPHA
