@@ -4,10 +4,11 @@
 transformers causal LM; ``hf_spec.unregister()`` takes it away again. The strategy callables also work
 without the seam: ``model.generate(..., custom_generate=hf_spec.draft.generate, draft_model=...)``.
 """
+from .plan import plan
 from .registration import is_registered, register, strategy_names, unregister
 from .stats import SpecStats, last_stats
 
 __version__ = "0.1.0"
-__all__ = ["SpecStats", "is_registered", "last_stats", "register", "strategy_names", "unregister"]
+__all__ = ["SpecStats", "is_registered", "last_stats", "plan", "register", "strategy_names", "unregister"]
 
 register()

@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = commands.add_parser("bench", help="tokens/s against plain generate() and assisted generation")
     bench.add_argument("--target", help="target model (Hub id or path)")
     bench.add_argument("--draft", help="draft model (Hub id or path), for the assisted and draft modes")
+    bench.add_argument("--draft-quantization", choices=["4bit", "8bit"],
+                       help="also run the draft quantized by bitsandbytes (rows draft-4bit@k / draft-8bit@k)")
     bench.add_argument("--medusa-heads", help="Medusa heads (Hub id or path), for the medusa mode")
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63) or a JSON list of paths")
     bench.add_argument("--modes", default="vanilla,assisted,draft", help="any of vanilla, assisted, draft, medusa")
@@ -41,7 +43,25 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--json", help="write rows, runs and costs to this file")
     bench.add_argument("--plot", help="save speedup and acceptance against k to this PNG")
 
+    planner = commands.add_parser("plan", help="will target + draft (or Medusa heads) + KV caches fit on a GPU?")
+    planner.add_argument("--target", required=True, help="target (Hub id or path; config.json only)")
+    planner.add_argument("--draft", help="draft (Hub id or path)")
+    planner.add_argument("--draft-quantization", choices=["4bit", "8bit"], help="only this draft precision")
+    planner.add_argument("--medusa-heads", help="Medusa heads (Hub id or path)")
+    planner.add_argument("--gpu-memory", default="24GB")
+    planner.add_argument("--max-model-len", type=int, default=4096)
+    planner.add_argument("--batch-size", type=int, default=1)
+    planner.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        from .plan import plan
+
+        result = plan(args.target, args.draft, gpu_memory=args.gpu_memory, max_model_len=args.max_model_len,
+                      batch_size=args.batch_size, dtype=args.dtype, draft_quantization=args.draft_quantization,
+                      medusa_heads=args.medusa_heads)
+        print(result.table())
+        return 0
     if args.command == "bench":
         from .bench import main as bench_main
 

@@ -70,6 +70,7 @@ def generate(
     generation_config: GenerationConfig,
     draft_model=None,
     num_speculative_tokens: int = 5,
+    draft_quantization=None,
     token_streamer=None,
     stop_strings=None,
     target_tokenizer=None,
@@ -82,6 +83,7 @@ def generate(
 
     draft_model: a model object, a Hub id or a local path sharing the target's tokenizer.
     num_speculative_tokens: k, the draft tokens proposed per verification step (int >= 1).
+    draft_quantization: "4bit", "8bit", None or a BitsAndBytesConfig, for a draft given by id or path.
     token_streamer, target_tokenizer, draft_tokenizer: what ``generate()`` calls ``streamer``, ``tokenizer``
     and ``assistant_tokenizer`` (``strategy=`` renames them: transformers does not hand those to
     custom_generate callables). ``stop_strings`` need ``target_tokenizer``; the two tokenizers, when
@@ -92,7 +94,7 @@ def generate(
     if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be an int >= 1; got {num_speculative_tokens!r}.")
     draft = resolve_draft(draft_model, model, revision=revision, token=token, target_tokenizer=target_tokenizer,
-                          draft_tokenizer=draft_tokenizer)
+                          draft_tokenizer=draft_tokenizer, draft_quantization=draft_quantization)
     padding_mask = padding_mask_of(model_kwargs)
     return speculative_generate(
         model,

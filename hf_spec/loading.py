@@ -2,29 +2,37 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import json
 import logging
 import os
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_draft(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
-                  target_tokenizer=None, draft_tokenizer=None) -> PreTrainedModel:
+                  target_tokenizer=None, draft_tokenizer=None, draft_quantization=None) -> PreTrainedModel:
     """The draft as a model on the target's device, checked to share the target's vocabulary.
 
     A Hub id or path is loaded (once per process, then reused) on the target's device in the target's
-    dtype; a model object on another device is moved there.
+    dtype, or quantized by bitsandbytes with ``draft_quantization`` ("4bit": NF4 with double quantization,
+    compute dtype = the target's; "8bit": int8; or a BitsAndBytesConfig). A model object on another device
+    is moved there; an already-quantized model object is used as it is.
     """
     if draft_model is None:
         raise ValueError("strategy='draft' needs a draft model: pass draft_model= (a model object, a Hub id or "
                          "a local path), or assistant_model=.")
     if isinstance(draft_model, (str, os.PathLike)):
-        draft = _load_draft(str(draft_model), str(target.device), target.dtype, revision, token)
+        quantization = quantization_config(draft_quantization, target)
+        draft = _load_draft(str(draft_model), str(target.device), target.dtype, revision, token, quantization)
         draft_tokenizer = draft_tokenizer or _load_tokenizer(str(draft_model), revision, token)
     elif isinstance(draft_model, PreTrainedModel):
+        if draft_quantization is not None:
+            raise ValueError("draft_quantization applies when the draft is loaded: pass draft_model as a Hub id or "
+                             "path, or pass a model you loaded with a quantization_config.")
         draft = _on_device(draft_model, target.device)
     else:
         raise TypeError(f"draft_model must be a transformers model, a Hub id or a path; got {type(draft_model).__name__}.")
@@ -70,11 +78,49 @@ def _on_device(draft: PreTrainedModel, device: torch.device) -> PreTrainedModel:
                          f"{error}. Load the draft on {device}.") from error
 
 
-@functools.lru_cache(maxsize=2)
-def _load_draft(name: str, device: str, dtype: torch.dtype, revision: str | None, token) -> PreTrainedModel:
-    logger.info("loading draft %s on %s in %s", name, device, dtype)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, revision=revision, token=token)
-    return model.to(device).eval()
+def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None:
+    """The BitsAndBytesConfig for "4bit" / "8bit" (or the one given); None for full precision."""
+    if draft_quantization is None:
+        return None
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ValueError("draft_quantization needs bitsandbytes: pip install bitsandbytes (or 'hf-spec[quantization]').")
+    if isinstance(draft_quantization, BitsAndBytesConfig):
+        return draft_quantization
+    if draft_quantization == "4bit":
+        compute_dtype = target.dtype if target.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=compute_dtype)
+    if draft_quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"draft_quantization must be '4bit', '8bit', None or a BitsAndBytesConfig; got {draft_quantization!r}.")
+
+
+_LOADED_DRAFTS: dict[tuple, PreTrainedModel] = {}  # the two most recently loaded drafts, reused across calls
+
+
+def _load_draft(name: str, device: str, dtype: torch.dtype, revision: str | None, token,
+                quantization: BitsAndBytesConfig | None = None) -> PreTrainedModel:
+    quantization_key = json.dumps(quantization.to_dict(), sort_keys=True, default=str) if quantization else None
+    key = (name, device, str(dtype), revision, quantization_key)
+    if key not in _LOADED_DRAFTS:
+        if len(_LOADED_DRAFTS) >= 2:
+            _LOADED_DRAFTS.pop(next(iter(_LOADED_DRAFTS)))
+        _LOADED_DRAFTS[key] = _load_draft_uncached(name, device, dtype, revision, token, quantization)
+    return _LOADED_DRAFTS[key]
+
+
+def _load_draft_uncached(name, device, dtype, revision, token, quantization) -> PreTrainedModel:
+    logger.info("loading draft %s on %s in %s (%s)", name, device, dtype, quantization or "full precision")
+    if quantization is None:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, revision=revision, token=token)
+        return model.to(device).eval()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, revision=revision, token=token,
+                                                     quantization_config=quantization, device_map={"": device})
+    except (RuntimeError, ValueError, ImportError) as error:
+        raise ValueError(f"Could not load the draft {name} quantized on {device} with bitsandbytes: {error}. "
+                         "Use draft_quantization=None or a device bitsandbytes supports.") from error
+    return model.eval()
 
 
 @functools.lru_cache(maxsize=4)

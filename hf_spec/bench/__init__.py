@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from .calibrate import calibrate
 from .prompts import encode, load_prompts
 from .report import format_report, plot, summarize, write_json
+from ..loading import resolve_draft
 from ..medusa import load_medusa_heads
 from ..trees import build_tree_buffers, resolve_tree
 from .run import Contenders, mode_names, run_modes
@@ -24,7 +25,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
               json_path=None, plot_path=None, encoded=None, alphas=None) -> list[dict]:
     """Run and report. ``encoded``: the prompts' model inputs (default: chat-encoded with ``tokenizer``);
     ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only)."""
-    names = mode_names(modes, ks, alphas)
+    names = mode_names(modes, ks, alphas, contenders.quantization)
     encoded = encoded or [encode(tokenizer, p.text) for p in prompts]
     if any(n.startswith(("assisted@", "draft@")) for n in names) and contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
@@ -38,7 +39,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         generation_kwargs["temperature"] = temperature
     prompt_length = round(statistics.mean(inputs["input_ids"].shape[1] for inputs in encoded))
     costs = None
-    if calibrate_costs and any(name.startswith(("draft@", "medusa")) for name in names):
+    if calibrate_costs and any(name.startswith(("draft", "medusa")) for name in names):
         widths = [k + 1 for k in ks] + ([tree_nodes + 1] if tree_nodes else [])
         costs = calibrate(contenders.target, contenders.draft, prompt_length, max_new_tokens, widths)
     references = None
@@ -68,7 +69,10 @@ def main(args) -> int:
     draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).eval() if args.draft else None
     heads = load_medusa_heads(args.medusa_heads, base_model=target) if args.medusa_heads else None
     tree = json.loads(args.tree) if args.tree and args.tree.startswith("[") else args.tree
-    contenders = Contenders(target, draft, heads, tree)
+    quantized = None
+    if args.draft_quantization:
+        quantized = resolve_draft(args.draft, target, draft_quantization=args.draft_quantization)
+    contenders = Contenders(target, draft, heads, tree, quantized, args.draft_quantization)
     rows = run_bench(contenders, tokenizer, prompts=prompts, modes=args.modes.split(","),
                      ks=[int(k) for k in args.k.split(",")], max_new_tokens=args.max_new_tokens,
                      repeats=args.repeats, do_sample=args.do_sample, temperature=args.temperature,

@@ -46,7 +46,7 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
         total, prefill = sum(s["total_s"] for s in stats), sum(s["prefill_s"] for s in stats)
         survival = _survival(stats)
         tokens_per_step = sum(s["accepted"] + s["bonus"] for s in stats) / sum(s["steps"] for s in stats)
-        if costs is None:
+        if costs is None or mode.startswith("draft-"):  # the costs were calibrated for the full-precision draft
             predicted = None
         elif mode == "medusa":
             predicted = predicted_tree_speedup(costs, tokens_per_step, tree_nodes, new_tokens)

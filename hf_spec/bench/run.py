@@ -25,6 +25,8 @@ class Contenders:
     draft: object = None
     medusa_heads: object = None
     tree: object = None
+    quantized_draft: object = None  # the draft loaded by bitsandbytes (rows draft-4bit@k)
+    quantization: str | None = None
 
 
 @dataclass
@@ -39,7 +41,8 @@ class Run:
     stats: dict | None = field(default=None)
 
 
-def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None) -> list[str]:
+def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None,
+               quantization: str | None = None) -> list[str]:
     """e.g. (["vanilla", "draft"], [3]) -> vanilla, vanilla-again, draft@3; with alphas [0.8] the draft's
     acceptance is controlled (synthetic bench): draft@3~0.8."""
     names = []
@@ -50,6 +53,8 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += [f"draft@{k}~{alpha}" for alpha in alphas for k in ks]
         elif mode in ("assisted", "draft"):
             names += [f"{mode}@{k}" for k in ks]
+            if mode == "draft" and quantization:
+                names += [f"draft-{quantization}@{k}" for k in ks]
         elif mode == "medusa":
             names.append("medusa")
         else:
@@ -76,14 +81,15 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
         config.num_assistant_tokens_schedule = "constant"
         config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = contenders.draft
-    elif mode.startswith("draft@"):
-        kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=int(mode.split("@")[1]))
+    elif mode.startswith("draft"):
+        draft = contenders.quantized_draft if mode.startswith("draft-") else contenders.draft
+        kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]))
     elif mode == "medusa":
         kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
     start = time.perf_counter()
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
-    stats = hf_spec.last_stats().to_dict() if mode.startswith(("draft@", "medusa")) else None
+    stats = hf_spec.last_stats().to_dict() if mode.startswith(("draft", "medusa")) else None
     return out, seconds, stats
 
 

@@ -1,0 +1,161 @@
+"""Will target, draft (or Medusa heads) and their KV caches fit on one GPU? Arithmetic from configs only.
+
+``hf_spec.plan(target=..., draft=..., gpu_memory="24GB", max_model_len=4096)`` reads ``config.json`` files
+(Hub ids through huggingface_hub, or local paths, or config objects), counts parameters without loading
+weights, and returns a :class:`Plan` whose ``table()`` and ``verdict`` say what fits:
+"fits", "fits with a 4-bit draft", "use Medusa instead" or "does not fit".
+
+Bytes per parameter: float32 4, float16/bfloat16 2, 8bit 1 (bitsandbytes int8; embeddings and lm_head stay
+16-bit), 4bit 0.5 plus NF4's scales (one per 64 weights; double quantization stores them in 8 bits with one
+float32 per 256 of them: 0.5 + 1/64 + 4/(64*256) bytes), embeddings and lm_head 16-bit.
+KV cache: 2 (keys, values) x layers x kv_heads x head_dim x tokens x batch x bytes per element.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from transformers import AutoConfig, PretrainedConfig
+
+GiB = 1024**3
+BYTES_PER_PARAM = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "8bit": 1.0, "4bit": 0.5 + 1 / 64 + 4 / (64 * 256)}
+# what a CUDA context, allocator fragmentation and activations take beyond weights and KV cache
+RUNTIME_OVERHEAD_BYTES = 1.0 * GiB
+ACTIVATION_SHARE = 0.05
+
+
+def parse_memory(text: str | int | float) -> int:
+    """'24GB' (GPU marketing sizes are GiB), '24GiB', '80 GB', '24000MB', '16g' -> bytes."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    match = re.fullmatch(r"\s*([\d.]+)\s*(g|gb|gib|m|mb|mib|t|tb|tib)\s*", str(text).lower())
+    if not match:
+        raise ValueError(f"GPU memory {text!r} is not a size: write it like '24GB', '80GiB' or '24000MB'.")
+    value, unit = float(match.group(1)), match.group(2)[0]
+    return int(value * {"m": 1024**2, "g": GiB, "t": 1024**4}[unit])
+
+
+def load_config(model) -> PretrainedConfig:
+    """A config object from a config, a Hub id or a local path (config.json only: no weights)."""
+    if isinstance(model, PretrainedConfig):
+        return model
+    try:
+        return AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"Could not read the config of {model!r} ({error}). Pass a Hub id, a folder with "
+                         "config.json, or a transformers config.") from error
+
+
+def _text(config: PretrainedConfig) -> PretrainedConfig:
+    return config.get_text_config()
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _kv_heads(config) -> int:
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def count_parameters(config: PretrainedConfig) -> dict[str, int]:
+    """Parameters of a Llama/Qwen2/Mistral-style decoder from its config: {"embeddings", "lm_head", "layers"}.
+
+    e.g. Llama-2-7B: 32 layers x (4 x 4096^2 attention + 3 x 4096 x 11008 MLP + 2 x 4096 norms) + 2 x 32000 x 4096
+    + 4096 = 6.74 B.
+    """
+    c = _text(config)
+    hidden, head_dim, heads, kv_heads = c.hidden_size, _head_dim(c), c.num_attention_heads, _kv_heads(c)
+    attention = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    if getattr(c, "attention_bias", False) or c.model_type in ("qwen2",):  # Qwen2 has q/k/v biases
+        attention += heads * head_dim + 2 * kv_heads * head_dim
+    mlp = 3 * hidden * c.intermediate_size
+    layers = c.num_hidden_layers * (attention + mlp + 2 * hidden) + hidden  # + the final norm
+    embeddings = c.vocab_size * hidden
+    lm_head = 0 if getattr(c, "tie_word_embeddings", False) else c.vocab_size * hidden
+    return {"embeddings": embeddings, "lm_head": lm_head, "layers": layers}
+
+
+def weight_bytes(config: PretrainedConfig, precision: str) -> int:
+    """Weights at ``precision``; quantized precisions keep embeddings and lm_head in 16 bits."""
+    if precision not in BYTES_PER_PARAM:
+        raise ValueError(f"Unknown precision {precision!r}; choose from {', '.join(BYTES_PER_PARAM)}.")
+    counts = count_parameters(config)
+    if precision in ("8bit", "4bit"):
+        return int(counts["layers"] * BYTES_PER_PARAM[precision] + (counts["embeddings"] + counts["lm_head"]) * 2)
+    return int(sum(counts.values()) * BYTES_PER_PARAM[precision])
+
+
+def kv_cache_bytes(config: PretrainedConfig, tokens: int, batch_size: int = 1, dtype_bytes: int = 2) -> int:
+    c = _text(config)
+    return 2 * c.num_hidden_layers * _kv_heads(c) * _head_dim(c) * tokens * batch_size * dtype_bytes
+
+
+def medusa_parameters(hidden_size: int, vocab_size: int, num_heads: int, num_layers: int) -> int:
+    return num_heads * (num_layers * (hidden_size * hidden_size + hidden_size) + hidden_size * vocab_size)
+
+
+@dataclass
+class Plan:
+    gpu_bytes: int
+    rows: list[tuple[str, int]] = field(default_factory=list)  # (what, bytes)
+    options: dict[str, int] = field(default_factory=dict)  # configuration -> total bytes
+    verdict: str = ""
+    margin_bytes: int = 0
+
+    def table(self) -> str:
+        lines = [f"{'component':<44} {'GiB':>8}"]
+        lines += [f"{what:<44} {size / GiB:>8.2f}" for what, size in self.rows]
+        lines.append(f"{'GPU memory':<44} {self.gpu_bytes / GiB:>8.2f}")
+        lines += [f"{'total, ' + name:<44} {size / GiB:>8.2f}" for name, size in self.options.items()]
+        sign = "+" if self.margin_bytes >= 0 else "-"
+        lines.append(f"verdict: {self.verdict} (margin {sign}{abs(self.margin_bytes) / GiB:.2f} GiB)")
+        return "\n".join(lines)
+
+
+def plan(target, draft=None, *, gpu_memory="24GB", max_model_len: int = 4096, batch_size: int = 1,
+         dtype: str = "float16", draft_quantization: str | None = None, medusa_heads=None) -> Plan:
+    """Estimate memory for target + draft (full precision and 4-bit) or target + Medusa heads, with KV caches
+    for ``max_model_len`` tokens of ``batch_size`` rows, against ``gpu_memory``; the first that fits wins."""
+    gpu = parse_memory(gpu_memory)
+    target_config = load_config(target)
+    element = int(BYTES_PER_PARAM[dtype])
+    overhead = lambda weights_and_cache: int(RUNTIME_OVERHEAD_BYTES + ACTIVATION_SHARE * weights_and_cache)  # noqa: E731
+    target_weights = weight_bytes(target_config, dtype)
+    target_kv = kv_cache_bytes(target_config, max_model_len, batch_size, element)
+    result = Plan(gpu_bytes=gpu)
+    result.rows += [(f"target weights ({dtype})", target_weights), (f"target KV cache ({max_model_len} tokens)", target_kv)]
+    base = target_weights + target_kv
+    if draft is not None:
+        draft_config = load_config(draft)
+        draft_kv = kv_cache_bytes(draft_config, max_model_len, batch_size, element)
+        result.rows.append((f"draft KV cache ({max_model_len} tokens)", draft_kv))
+        precisions = [draft_quantization] if draft_quantization else [dtype, "8bit", "4bit"]
+        for precision in precisions:
+            weights = weight_bytes(draft_config, precision)
+            result.rows.append((f"draft weights ({precision})", weights))
+            total = base + weights + draft_kv
+            result.options[f"with {precision} draft"] = total + overhead(total)
+    if medusa_heads is not None:
+        heads_config = load_config(medusa_heads) if not isinstance(medusa_heads, dict) else medusa_heads
+        get = heads_config.get if isinstance(heads_config, dict) else lambda k, d=None: getattr(heads_config, k, d)
+        t = _text(target_config)
+        heads = medusa_parameters(t.hidden_size, t.vocab_size, get("medusa_num_heads", 5), get("medusa_num_layers", 1))
+        result.rows.append((f"Medusa heads ({dtype})", heads * element))
+        total = base + heads * element
+        result.options["with Medusa heads"] = total + overhead(total)
+    result.options["target alone"] = base + overhead(base)
+    result.verdict, result.margin_bytes = _verdict(result.options, gpu)
+    return result
+
+
+def _verdict(options: dict[str, int], gpu: int) -> tuple[str, int]:
+    fitting = {name: gpu - size for name, size in options.items() if size <= gpu}
+    for name, verdict in (("with float16 draft", "fits"), ("with bfloat16 draft", "fits"),
+                          ("with float32 draft", "fits"), ("with 8bit draft", "fits with an 8-bit draft"),
+                          ("with 4bit draft", "fits with a 4-bit draft"), ("with Medusa heads", "use Medusa instead")):
+        if name in fitting:
+            return verdict, fitting[name]
+    if "target alone" in fitting:
+        return "only the target fits: no room for speculation", fitting["target alone"]
+    return "does not fit", gpu - options["target alone"]

@@ -1,0 +1,77 @@
+"""The memory planner: parameter counts from configs, KV-cache bytes against a real cache, verdicts."""
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, Qwen2Config
+
+from hf_spec.plan import GiB, count_parameters, kv_cache_bytes, parse_memory, plan, weight_bytes
+from hf_spec.testing import tiny_causal_lm
+
+LLAMA_2_7B = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False)
+TINYLLAMA = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                        num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False)
+QWEN25_05B = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("config, published", [(LLAMA_2_7B, 6.74e9), (TINYLLAMA, 1.10e9), (QWEN25_05B, 0.49e9)])
+def test_parameter_counts_match_published_sizes(config, published):
+    assert sum(count_parameters(config).values()) == pytest.approx(published, rel=0.01)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_parameter_count_is_exact_on_a_built_model(arch):
+    model = tiny_causal_lm(arch)
+    assert sum(count_parameters(model.config).values()) == sum(p.numel() for p in model.parameters())
+
+
+def test_kv_cache_bytes_match_a_real_cache():
+    model = tiny_causal_lm("qwen2", hidden_size=32)  # 4 query heads, 2 kv heads: GQA
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(torch.randint(99, (3, 17)), past_key_values=cache, use_cache=True)
+    real = sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+               for layer in cache.layers)
+    assert kv_cache_bytes(model.config, tokens=17, batch_size=3, dtype_bytes=4) == real
+
+
+def test_weight_bytes_by_precision():
+    full = weight_bytes(TINYLLAMA, "float16")
+    assert full == pytest.approx(2 * 1.10e9, rel=0.01)
+    assert weight_bytes(TINYLLAMA, "4bit") < weight_bytes(TINYLLAMA, "8bit") < full
+
+
+def test_the_seeds_a10_example():
+    """Llama-2-7B fp16 + TinyLlama on 24 GB at 4096 tokens: the full draft fits; smaller cards need a
+    quantized draft, or Medusa heads, or cannot speculate."""
+    result = plan(LLAMA_2_7B, TINYLLAMA, gpu_memory="24GB", max_model_len=4096)
+    assert result.verdict == "fits" and result.margin_bytes > 0
+    assert "draft weights (4bit)" in result.table()
+    tight = plan(LLAMA_2_7B, TINYLLAMA, gpu_memory="16GB", max_model_len=4096)
+    assert tight.verdict in ("fits with an 8-bit draft", "fits with a 4-bit draft", "does not fit",
+                             "only the target fits: no room for speculation")
+    # five Medusa-1 heads for a 7B model are 0.74 B parameters (each has its own 32000 x 4096 lm_head): 1.38 GiB
+    medusa = plan(LLAMA_2_7B, None, gpu_memory="18GB", max_model_len=4096,
+                  medusa_heads={"medusa_num_heads": 5, "medusa_num_layers": 1})
+    assert medusa.verdict == "use Medusa instead"
+    assert plan(LLAMA_2_7B, TINYLLAMA, gpu_memory="8GB").verdict == "does not fit"
+
+
+def test_parse_memory_and_errors(tmp_path):
+    assert parse_memory("24GB") == 24 * GiB == parse_memory("24 GiB")
+    assert parse_memory("24000MB") == 24000 * 1024**2
+    with pytest.raises(ValueError, match="is not a size"):
+        parse_memory("lots")
+    with pytest.raises(ValueError, match="Could not read the config"):
+        plan(str(tmp_path / "missing"), gpu_memory="24GB")
+
+
+def test_plan_cli_reads_local_configs(tmp_path, capsys):
+    from hf_spec.cli import main
+
+    LLAMA_2_7B.save_pretrained(tmp_path / "target")
+    TINYLLAMA.save_pretrained(tmp_path / "draft")
+    assert main(["plan", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+                 "--draft-quantization", "4bit", "--gpu-memory", "24GB", "--max-model-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "draft weights (4bit)" in out and "verdict: fits with a 4-bit draft" in out
