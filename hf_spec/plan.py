@@ -65,6 +65,10 @@ def count_parameters(config: PretrainedConfig) -> dict[str, int]:
     + 4096 = 6.74 B.
     """
     c = _text(config)
+    experts = [name for name in ("num_experts", "num_local_experts", "n_routed_experts") if getattr(c, name, None)]
+    if experts or not getattr(c, "intermediate_size", None) or getattr(c, "kv_lora_rank", None):
+        raise ValueError(f"The planner counts dense decoders (Llama, Qwen2, Mistral style); {c.model_type!r} has "
+                         f"{', '.join(experts) or 'another layout'}, so its count would be wrong. Pass a dense model.")
     hidden, head_dim, heads, kv_heads = c.hidden_size, _head_dim(c), c.num_attention_heads, _kv_heads(c)
     attention = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
     if getattr(c, "attention_bias", False) or c.model_type in ("qwen2",):  # Qwen2 has q/k/v biases

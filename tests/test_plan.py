@@ -57,6 +57,13 @@ def test_the_seeds_a10_example():
     assert plan(LLAMA_2_7B, TINYLLAMA, gpu_memory="8GB").verdict == "does not fit"
 
 
+def test_mixture_of_experts_is_refused_not_miscounted():
+    from transformers import MixtralConfig
+
+    with pytest.raises(ValueError, match="counts dense decoders"):
+        count_parameters(MixtralConfig(num_local_experts=8))
+
+
 def test_parse_memory_and_errors(tmp_path):
     assert parse_memory("24GB") == 24 * GiB == parse_memory("24 GiB")
     assert parse_memory("24000MB") == 24000 * 1024**2
