@@ -3,6 +3,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, Qwen2Config
 
+from hf_spec.cache import cache_kwargs
 from hf_spec.plan import GiB, count_parameters, kv_cache_bytes, parse_memory, plan, weight_bytes
 from hf_spec.testing import tiny_causal_lm
 
@@ -29,7 +30,7 @@ def test_kv_cache_bytes_match_a_real_cache():
     model = tiny_causal_lm("qwen2", hidden_size=32)  # 4 query heads, 2 kv heads: GQA
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(torch.randint(99, (3, 17)), past_key_values=cache, use_cache=True)
+        model(torch.randint(99, (3, 17)), **cache_kwargs(model, cache), use_cache=True)
     real = sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
                for layer in cache.layers)
     assert kv_cache_bytes(model.config, tokens=17, batch_size=3, dtype_bytes=4) == real
