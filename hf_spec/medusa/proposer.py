@@ -35,11 +35,9 @@ class MedusaProposer:
         if self.hidden is None or depth == 0:
             return Proposal(tokens=sequence.new_empty(1, 0))
         buffers = self.buffers if depth == self.buffers.max_depth else self._by_depth[depth]
-        head_logits = self.head_logits(sequence)  # [num_heads, vocab]
-        candidates = [head_logits[d].topk(self.top_k[d]).indices for d in range(buffers.max_depth)]
-        ranks = buffers.ranks.tolist()
-        depths = buffers.depths[1:].tolist()
-        tokens = torch.stack([candidates[d - 1][r] for d, r in zip(depths, ranks)]).to(sequence.device)
+        head_logits = self.head_logits(sequence)[: buffers.max_depth]  # [depth, vocab]
+        candidates = head_logits.topk(max(self.top_k), dim=-1).indices  # [depth, top_k]: row d = head d's ranking
+        tokens = candidates[buffers.depths[1:] - 1, buffers.ranks].to(sequence.device)  # node (.., r) at depth d
         return Proposal(tokens=tokens.unsqueeze(0), tree=buffers)
 
     def head_logits(self, sequence: torch.LongTensor) -> torch.Tensor:
