@@ -4,7 +4,6 @@ The target's exact joint distribution over 3 new tokens is enumerated from its l
 logits processors generate() builds; speculative sampling draws are compared with it by a chi-square
 test at false-alarm rate ALPHA. The same test must catch three deliberately wrong rules.
 """
-import itertools
 
 import pytest
 import torch

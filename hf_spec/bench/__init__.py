@@ -51,8 +51,9 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
              f"{'sampling T=' + str(temperature) if do_sample else 'greedy'}, mean prompt {prompt_length} tokens")
     print_fn(format_report(rows, costs))
     if json_path:
-        settings = dict(modes=names, ks=ks, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens, repeats=repeats, do_sample=do_sample,
-                        temperature=temperature, prompts=[p.question_id for p in prompts])
+        settings = dict(modes=names, ks=ks, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
+                        repeats=repeats, do_sample=do_sample, temperature=temperature,
+                        prompts=[p.question_id for p in prompts])
         write_json(json_path, rows, runs, costs, settings)
     if plot_path:
         plot(plot_path, rows)
