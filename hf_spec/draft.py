@@ -12,6 +12,7 @@ from .loading import resolve_draft
 from .loop import check_supported, speculative_generate, with_stop_strings
 from .proposer import Proposal
 from .runner import CachedModel, padding_mask_of
+from .schedule import check_draft_length, draft_length
 
 
 class DraftModelProposer:
@@ -69,8 +70,9 @@ def generate(
     stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig,
     draft_model=None,
-    num_speculative_tokens: int = 5,
+    num_speculative_tokens: int | str = 5,
     draft_quantization=None,
+    cache_costs: bool = True,
     token_streamer=None,
     stop_strings=None,
     target_tokenizer=None,
@@ -82,7 +84,9 @@ def generate(
     """Speculative decoding with a draft model, for ``model.generate(custom_generate=...)``.
 
     draft_model: a model object, a Hub id or a local path sharing the target's tokenizer.
-    num_speculative_tokens: k, the draft tokens proposed per verification step (int >= 1).
+    num_speculative_tokens: k, the draft tokens proposed per verification step: an int >= 1, "stepwise" (start
+    at 3, +1 while a step accepts >= 50%, else -1) or "auto" (the k, including 0 = plain decoding, that the
+    measured costs and acceptance say is fastest; ``cache_costs=False`` forgets costs measured in earlier calls).
     draft_quantization: "4bit", "8bit", None or a BitsAndBytesConfig, for a draft given by id or path.
     token_streamer, target_tokenizer, draft_tokenizer: what ``generate()`` calls ``streamer``, ``tokenizer``
     and ``assistant_tokenizer`` (``strategy=`` renames them: transformers does not hand those to
@@ -90,9 +94,8 @@ def generate(
     both are known, are compared.
     """
     check_supported(model, input_ids, generation_config, "draft")
+    check_draft_length(num_speculative_tokens)
     stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, target_tokenizer)
-    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an int >= 1; got {num_speculative_tokens!r}.")
     draft = resolve_draft(draft_model, model, revision=revision, token=token, target_tokenizer=target_tokenizer,
                           draft_tokenizer=draft_tokenizer, draft_quantization=draft_quantization)
     padding_mask = padding_mask_of(model_kwargs)
@@ -100,7 +103,7 @@ def generate(
         model,
         input_ids,
         DraftModelProposer(draft, padding_mask),
-        num_speculative_tokens,
+        draft_length(num_speculative_tokens, model, draft, cache_costs),
         logits_processor,
         stopping_criteria,
         generation_config,

@@ -19,6 +19,7 @@ from .logits.tree_acceptance import typical_accept_tree
 from .output import OutputRecorder
 from .proposer import Proposal, Proposer
 from .runner import CachedModel
+from .schedule import DraftLength, FixedLength
 from .stats import SpecStats, StepTimer, _set_last_stats
 from .tree_verify import TORCH, TreeVerifier
 
@@ -80,7 +81,7 @@ def speculative_generate(
     model,
     input_ids: torch.LongTensor,
     proposer: Proposer,
-    num_speculative_tokens: int,
+    draft_length: int | DraftLength,
     logits_processor: LogitsProcessorList,
     stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig,
@@ -92,7 +93,8 @@ def speculative_generate(
     """Decode with ``proposer`` drafting and ``model`` verifying; returns what ``generate()`` would.
 
     input_ids: [1, prompt_len]; padding_mask: [1, prompt_len] or None (see ``runner.padding_mask_of``);
-    num_speculative_tokens: the most tokens a step may propose (a tree proposer may propose fewer);
+    draft_length: the most tokens a step may propose (a tree proposer may propose fewer), or a schedule that
+    picks it each step (``hf_spec.schedule``);
     model_kwargs: what ``generate()`` prepared (the cache among them).
     """
     start_time = time.perf_counter()
@@ -103,6 +105,7 @@ def speculative_generate(
     target = CachedModel(model, cache, padding_mask)
     recorder = OutputRecorder(generation_config)
     acceptance = acceptance or Acceptance(generation_config.do_sample)
+    schedule = FixedLength(draft_length) if isinstance(draft_length, int) else draft_length
     hidden_states = proposer.wants_hidden_states
     max_length = generation_config.max_length
     if streamer is not None:
@@ -118,7 +121,8 @@ def speculative_generate(
     finished = False
     while not finished:
         committed = sequence.shape[1]
-        room = max(min(num_speculative_tokens, max_length - committed - 1), 0)
+        room = max(min(schedule.next(), max_length - committed - 1), 0)
+        spent = (stats.propose_s, stats.verify_s)
 
         with timer("propose_s"):
             proposal = proposer.propose(sequence, room, logits_processor, generation_config.do_sample)
@@ -134,6 +138,7 @@ def speculative_generate(
         scores = process_block(logits_processor, sequence, proposal.tokens, proposal.parents, logits)
         accepted, bonus = acceptance(proposal, scores)
         stats.record_step(_proposed_depth(proposal, accepted), len(accepted))
+        schedule.observe(proposal.num_tokens, len(accepted), stats.propose_s - spent[0], stats.verify_s - spent[1])
         target.keep_path(committed, committed - 1, accepted, acceptance.verifier.compact_layer)
         last = accepted[-1] if accepted else 0
         proposer.advance(committed + len(accepted), hidden[last] if hidden is not None else None)
