@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="also run the draft quantized by bitsandbytes (rows draft-4bit@k / draft-8bit@k)")
     bench.add_argument("--medusa-heads", help="Medusa heads (Hub id or path), for the medusa mode")
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63) or a JSON list of paths")
-    bench.add_argument("--modes", default="vanilla,assisted,draft", help="any of vanilla, assisted, draft, medusa")
+    bench.add_argument("--modes", default="vanilla,assisted,draft", help="any of vanilla, assisted, draft, auto, stepwise, medusa")
     bench.add_argument("--k", default="3,5,8", help="speculative tokens, comma-separated")
     bench.add_argument("--questions", help="Spec-Bench jsonl (default: ../shared/data/spec_bench_questions.jsonl)")
     bench.add_argument("--per-category", type=int, help="the first N questions of each category")
@@ -53,7 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     planner.add_argument("--batch-size", type=int, default=1)
     planner.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
 
+    simulate = commands.add_parser("simulate", help="auto's choice of k against fixed k on measured cost curves")
+    simulate.add_argument("--curves", default="cpu,gpu-flat")
+    simulate.add_argument("--alphas", default="0.2,0.5,0.8,0.95")
+    simulate.add_argument("--tokens", type=int, default=2000)
+
     args = parser.parse_args(argv)
+    if args.command == "simulate":
+        from .bench.simulate import main as simulate_main
+
+        return simulate_main(["--curves", args.curves, "--alphas", args.alphas, "--tokens", str(args.tokens)])
     if args.command == "plan":
         from .plan import plan
 

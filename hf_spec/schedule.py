@@ -68,21 +68,16 @@ class CostEstimates:
         self.draft_token = seconds_per_token if old is None else (1 - self.smoothing) * old + self.smoothing * seconds_per_token
 
     def verify_cost(self, width: int) -> float:
-        """V(width), linear between measured widths; beyond them, the slope of the last two (flat if only one)."""
-        widths = sorted(self.verify)
+        """V(width): measured, else linear between the nearest measured widths, else the nearest measured value
+        (flat: optimistic, so that a wider step gets tried and measured rather than ruled out by a guess)."""
         if width in self.verify:
             return self.verify[width]
-        lower = [w for w in widths if w < width]
-        upper = [w for w in widths if w > width]
+        lower = [w for w in self.verify if w < width]
+        upper = [w for w in self.verify if w > width]
         if lower and upper:
-            a, b = lower[-1], upper[0]
+            a, b = max(lower), min(upper)
             return self.verify[a] + (self.verify[b] - self.verify[a]) * (width - a) / (b - a)
-        pair = widths[-2:] if lower else widths[:2]
-        if len(pair) < 2:
-            return self.verify[widths[0]]
-        a, b = pair
-        slope = max((self.verify[b] - self.verify[a]) / (b - a), 0.0)
-        return max(self.verify[a] + slope * (width - a), 0.0)
+        return self.verify[max(lower) if lower else min(upper)]
 
 
 _COSTS: dict[tuple, CostEstimates] = {}
@@ -103,21 +98,26 @@ def cost_estimates(target, draft, cache_costs: bool = True) -> CostEstimates:
 class AutoLength:
     """Chooses k each step from measured costs and online acceptance (see the module docstring)."""
 
-    def __init__(self, costs: CostEstimates, max_k: int = 8, probe_every: int = 16, forgetting: float = 0.9,
-                 first_k: int = 3):
-        self.costs, self.max_k, self.probe_every, self.forgetting = costs, max_k, probe_every, forgetting
-        self.first_k = first_k
+    def __init__(self, costs: CostEstimates, max_k: int = 8, probe_every: int = 8, max_probe_every: int = 128,
+                 forgetting: float = 0.9, first_k: int = 3):
+        self.costs, self.max_k, self.forgetting, self.first_k = costs, max_k, forgetting, first_k
+        self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
+        self.probe_every = probe_every  # doubles after each probe that does not pay, back to the minimum when one does
         # conditional acceptance at each position: (accepted, reached) pseudo-counts, prior 1 of 2
         self.accepted = [1.0] * max_k
         self.reached = [2.0] * max_k
+        self._prior_weight = 2.0  # the prior's share of `reached`, which forgetting shrinks with the counts
         self.plain_streak = 0
         self.last_k = None
 
     def survival(self, k: int) -> list[float]:
-        """s_1..s_k from the conditional acceptance estimates."""
-        survival, alive = [], 1.0
+        """s_1..s_k from the conditional acceptance estimates; a position seen in fewer than two steps takes the
+        estimate of the deepest position that has been (a draft right at 3 positions is likely right at 4)."""
+        survival, alive, rate = [], 1.0, 0.5
         for i in range(k):
-            alive *= self.accepted[i] / self.reached[i]
+            if self.reached[i] - self._prior_weight >= 1.5:
+                rate = self.accepted[i] / self.reached[i]
+            alive *= rate
             survival.append(alive)
         return survival
 
@@ -137,11 +137,14 @@ class AutoLength:
         if self.costs.draft_token is None or len(self.costs.verify) < 2:
             return self.first_k  # then speculate until the draft's cost per token has been measured
         k = self.best_k()
-        if k == 0:
-            self.plain_streak += 1
-            if self.plain_streak % self.probe_every == 0:
-                return self.best_k(smallest=1)  # probe: is the draft right more often now?
-        return k
+        if k > 0:
+            self.plain_streak, self.probe_every = 0, self.min_probe_every
+            return k
+        self.plain_streak += 1
+        if self.plain_streak % self.probe_every == 0:  # probe: is the draft right more often now?
+            self.probe_every = min(2 * self.probe_every, self.max_probe_every)
+            return self.best_k(smallest=1)
+        return 0
 
     def observe(self, k: int, accepted: int, propose_s: float, verify_s: float) -> None:
         self.costs.update_verify(k + 1, verify_s)
@@ -153,6 +156,7 @@ class AutoLength:
             for i in range(self.max_k):
                 self.accepted[i] *= self.forgetting
                 self.reached[i] *= self.forgetting
+            self._prior_weight *= self.forgetting
             for i in range(min(k, accepted + 1)):  # positions 0..accepted were reached
                 self.reached[i] += 1.0
                 self.accepted[i] += float(i < accepted)

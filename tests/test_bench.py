@@ -61,7 +61,8 @@ def _run(mode, qid, seconds, tokens=10, stats=None, category="x", equal=True):
 def _stats(accepted, proposed_by_position, accepted_by_position, steps, total=2.0, prefill=0.5):
     return {"proposed": sum(proposed_by_position), "accepted": accepted, "bonus": steps, "steps": steps,
             "new_tokens": accepted + steps, "total_s": total, "prefill_s": prefill, "overhead_s": 0.1,
-            "proposed_by_position": proposed_by_position, "accepted_by_position": accepted_by_position}
+            "proposed_by_position": proposed_by_position, "accepted_by_position": accepted_by_position,
+            "k_per_step": [len(proposed_by_position)] * steps}
 
 
 def test_summary_ratios_and_acceptance():
@@ -81,6 +82,7 @@ def test_summary_ratios_and_acceptance():
     assert rows["draft@2"]["tokens_per_step"] == pytest.approx((6 + 14) / 14)
     assert rows["draft@2"]["equal_to_vanilla"] == 0.5
     assert rows["draft@2"]["predicted_speedup"] == pytest.approx(predicted_speedup(COSTS, [0.5, 0.25], 10))
+    assert rows["draft@2"]["k_histogram"] == {2: 14}
 
 
 def test_mode_names():
@@ -89,6 +91,7 @@ def test_mode_names():
     with pytest.raises(ValueError, match="must include vanilla"):
         mode_names(["draft"], [3])
     assert mode_names(["vanilla", "medusa"], [3]) == ["vanilla", "vanilla-again", "medusa"]
+    assert mode_names(["vanilla", "auto"], [3]) == ["vanilla", "vanilla-again", "auto"]
     with pytest.raises(ValueError, match="Unknown mode 'eagle'"):
         mode_names(["vanilla", "eagle"], [3])
 
@@ -98,12 +101,13 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     contenders = Contenders(target, perturbed_draft(target, 0.1), MedusaHeads.for_model(target, 3), "tree_8")
     lines = []
     run_bench(contenders, char_tokenizer(), prompts=load_prompts(per_category=1, limit=2),
-              modes=["vanilla", "assisted", "draft", "medusa"], ks=[2], max_new_tokens=8, progress=False,
+              modes=["vanilla", "assisted", "draft", "auto", "medusa"], ks=[2], max_new_tokens=8, progress=False,
               print_fn=lines.append, json_path=tmp_path / "bench.json", plot_path=tmp_path / "bench.png")
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(report) == {"settings", "formula", "costs", "rows", "runs"}
-    assert len(report["runs"]) == 2 * 5  # 2 prompts x (vanilla, vanilla-again, assisted@2, draft@2, medusa)
+    assert len(report["runs"]) == 2 * 6  # 2 prompts x (vanilla, vanilla-again, assisted@2, draft@2, auto, medusa)
     overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
+    assert sum(overall["auto"]["k_histogram"].values()) > 0 and overall["auto"]["equal_to_vanilla"] == 1.0
     assert overall["draft@2"]["equal_to_vanilla"] == 1.0 and overall["assisted@2"]["equal_to_vanilla"] == 1.0
     assert {"tokens_per_s", "speedup", "acceptance_rate", "tokens_per_step", "decode_tokens_per_s",
             "overhead_share", "predicted_speedup"} <= set(overall["draft@2"])
@@ -111,6 +115,14 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert overall["medusa"]["equal_to_vanilla"] == 1.0 and overall["medusa"]["predicted_speedup"] > 0
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert any("noise floor" in line for line in lines)
+    assert any("auto: k chosen per step" in line for line in lines)
+
+
+def test_simulate_cli(capsys):
+    from hf_spec.cli import main
+
+    assert main(["simulate", "--curves", "cpu", "--alphas", "0.95", "--tokens", "300"]) == 0
+    assert "auto/best" in capsys.readouterr().out
 
 
 def test_synthetic_controlled_acceptance():

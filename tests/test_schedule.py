@@ -39,8 +39,34 @@ def test_expected_rate_worked_example():
 def test_verify_cost_interpolation():
     costs = CostEstimates(verify={1: 1.0, 5: 3.0})
     assert costs.verify_cost(3) == pytest.approx(2.0)
-    assert costs.verify_cost(7) == pytest.approx(4.0)  # the last segment's slope
+    assert costs.verify_cost(7) == pytest.approx(3.0)  # beyond the measured widths: flat, so it gets tried
     assert CostEstimates(verify={1: 1.0}).verify_cost(4) == 1.0
+
+
+def test_unseen_positions_take_the_deepest_estimate():
+    auto = AutoLength(CostEstimates(verify={1: 1.0, 4: 1.0}, draft_token=0.01))
+    for _ in range(20):
+        auto.observe(3, 3, 0.03, 1.0)  # three positions, always right
+    assert auto.survival(6)[5] > 0.8  # positions 4-6 never proposed: assumed as good as position 3
+
+
+def test_probes_back_off_while_they_do_not_pay():
+    auto = auto_with(CPU, 0.15, 0.2)
+    choices = [auto.next() for _ in range(200)]
+    probes = [i for i, k in enumerate(choices) if k > 0]
+    assert len(probes) <= 6 and probes[0] == 7  # after 8, then 16, 32, 64... plain steps
+
+
+def test_simulated_auto_is_close_to_the_best_fixed_k():
+    """The schedule's decisions on measured cost curves with acceptance set by hand (simulated time, not
+    wall-clock): within 10% of the best fixed k, speculating where the curve makes it pay."""
+    from hf_spec.bench.simulate import compare
+
+    for curve in ("cpu", "gpu-flat"):
+        for row in compare(curve, tokens=1500):
+            assert row["auto_vs_best"] >= 0.9, row
+            if row["best_fixed_k"] > 0 and row["best_fixed"] > 1.1 * row["plain"]:
+                assert max(row["auto_k_histogram"], key=row["auto_k_histogram"].get) > 0, row
 
 
 def test_startup_measures_plain_then_speculation_then_decides():
@@ -48,9 +74,9 @@ def test_startup_measures_plain_then_speculation_then_decides():
     assert auto.next() == 0
     auto.observe(0, 0, 0.0, 0.4)
     assert auto.next() == 3
-    auto.observe(3, 3, 2.0, 0.8)  # the draft caught up with the prompt: not a per-token cost
+    auto.observe(3, 3, 2.0, 0.5)  # the draft caught up with the prompt: not a per-token cost
     assert auto.costs.draft_token is None and auto.next() == 3
-    auto.observe(3, 3, 0.3, 0.8)
+    auto.observe(3, 3, 0.3, 0.5)
     assert auto.costs.draft_token == pytest.approx(0.1)
     assert auto.next() > 0
 

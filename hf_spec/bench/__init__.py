@@ -27,7 +27,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only)."""
     names = mode_names(modes, ks, alphas, contenders.quantization)
     encoded = encoded or [encode(tokenizer, p.text) for p in prompts]
-    if any(n.startswith(("assisted@", "draft@")) for n in names) and contenders.draft is None:
+    if any(n.startswith(("assisted@", "draft@", "auto", "stepwise")) for n in names) and contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
     tree_nodes = None
     if "medusa" in names:
@@ -39,7 +39,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         generation_kwargs["temperature"] = temperature
     prompt_length = round(statistics.mean(inputs["input_ids"].shape[1] for inputs in encoded))
     costs = None
-    if calibrate_costs and any(name.startswith(("draft", "medusa")) for name in names):
+    if calibrate_costs and any(name.startswith(("draft@", "medusa")) for name in names):
         widths = [k + 1 for k in ks] + ([tree_nodes + 1] if tree_nodes else [])
         costs = calibrate(contenders.target, contenders.draft, prompt_length, max_new_tokens, widths)
     references = None

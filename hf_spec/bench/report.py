@@ -46,8 +46,8 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
         total, prefill = sum(s["total_s"] for s in stats), sum(s["prefill_s"] for s in stats)
         survival = _survival(stats)
         tokens_per_step = sum(s["accepted"] + s["bonus"] for s in stats) / sum(s["steps"] for s in stats)
-        if costs is None or mode.startswith("draft-"):  # the costs were calibrated for the full-precision draft
-            predicted = None
+        if costs is None or not mode.startswith(("draft@", "medusa")):  # fixed k or tree only; the calibration
+            predicted = None  # times the full-precision draft
         elif mode == "medusa":
             predicted = predicted_tree_speedup(costs, tokens_per_step, tree_nodes, new_tokens)
         else:
@@ -58,6 +58,7 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
             decode_tokens_per_s=sum(s["new_tokens"] for s in stats) / (total - prefill),
             overhead_share=sum(s["overhead_s"] for s in stats) / total,
             acceptance_by_position=survival,
+            k_histogram=_histogram(stats),
             predicted_speedup=predicted,
         )
     return row
@@ -69,6 +70,15 @@ def _survival(stats: list[dict]) -> list[float]:
     proposed = [sum(s["proposed_by_position"][i] for s in stats if i < len(s["proposed_by_position"])) for i in range(width)]
     accepted = [sum(s["accepted_by_position"][i] for s in stats if i < len(s["accepted_by_position"])) for i in range(width)]
     return [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
+
+
+def _histogram(stats: list[dict]) -> dict[int, int]:
+    """How many steps proposed k tokens, pooled over runs: e.g. {0: 40, 3: 12}."""
+    histogram: dict[int, int] = {}
+    for s in stats:
+        for k in s["k_per_step"]:
+            histogram[k] = histogram.get(k, 0) + 1
+    return dict(sorted(histogram.items()))
 
 
 def _share(flags) -> float | None:
@@ -96,6 +106,9 @@ def format_table(rows: list[dict], category: str = "all") -> str:
 
 def format_report(rows: list[dict], costs: Costs | None) -> str:
     parts = [format_table(rows)]
+    for row in rows:
+        if row["category"] == "all" and row.get("k_histogram") and row["mode"].startswith(("auto", "stepwise")):
+            parts.append(f"{row['mode']}: k chosen per step {row['k_histogram']}")
     noise = next((r for r in rows if r["mode"] == "vanilla-again" and r["category"] == "all"), None)
     if noise:
         parts.append(f"noise floor: vanilla against itself {noise['speedup']:.3f}x "

@@ -2,7 +2,7 @@
 
 Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
 itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
-``draft@k`` and ``medusa`` (this package's strategies).
+``draft@k``, ``auto`` and ``stepwise`` (num_speculative_tokens="auto" / "stepwise") and ``medusa``.
 """
 from __future__ import annotations
 
@@ -55,10 +55,10 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += [f"{mode}@{k}" for k in ks]
             if mode == "draft" and quantization:
                 names += [f"draft-{quantization}@{k}" for k in ks]
-        elif mode == "medusa":
-            names.append("medusa")
+        elif mode in ("medusa", "auto", "stepwise"):
+            names.append(mode)
         else:
-            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, medusa.")
+            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, auto, stepwise, medusa.")
     if "vanilla" not in names:
         raise ValueError("--modes must include vanilla: every speedup is measured against it.")
     return names
@@ -86,10 +86,12 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
         kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]))
     elif mode == "medusa":
         kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
+    elif mode in ("auto", "stepwise"):
+        kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=mode)
     start = time.perf_counter()
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
-    stats = hf_spec.last_stats().to_dict() if mode.startswith(("draft", "medusa")) else None
+    stats = hf_spec.last_stats().to_dict() if mode.startswith(("draft", "medusa", "auto", "stepwise")) else None
     return out, seconds, stats
 
 

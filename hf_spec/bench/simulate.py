@@ -1,0 +1,78 @@
+"""Does "auto" pick well? A simulation on measured cost curves with acceptance set by hand.
+
+    hf-spec simulate                       # this CPU's curve and a GPU-like flat one, alpha 0.2 / 0.5 / 0.8 / 0.95
+
+Each step proposes k tokens; each is accepted with probability alpha while the previous ones were (i.i.d.);
+the step costs k x draft + V(k + 1) seconds from the curve. The real schedules (``hf_spec.schedule``) decide k
+from what they observe, exactly as in generate(); fixed k = 0..8 are the yardstick. No model runs.
+"""
+from __future__ import annotations
+
+import random
+
+from ..schedule import AutoLength, CostEstimates, FixedLength, StepwiseLength
+
+# Measured: the CPU curve is the 1.5B target and 0.5B draft on this machine (fp32; hf-spec bench calibration
+# plus GUIDE 6's widths); the GPU curve is a decode step bound by reading weights (verification nearly flat).
+CURVES = {
+    "cpu": ({1: 0.375, 2: 0.763, 4: 0.767, 6: 0.827, 8: 0.72, 9: 0.75, 16: 0.83}, 0.153),
+    "gpu-flat": ({w: 0.020 + 0.0002 * (w - 1) for w in range(1, 17)}, 0.003),
+}
+
+
+def simulate(schedule, verify: dict[int, float], draft_token: float, alpha: float, tokens: int = 2000,
+             seed: int = 0) -> tuple[float, dict[int, int]]:
+    """Tokens per second and the histogram of k over a run of ``tokens`` tokens."""
+    costs = CostEstimates(verify=dict(verify))
+    rng = random.Random(seed)
+    produced, seconds, histogram = 0, 0.0, {}
+    while produced < tokens:
+        k = schedule.next()
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        propose_s, verify_s = k * draft_token, costs.verify_cost(k + 1)
+        schedule.observe(k, accepted, propose_s, verify_s)
+        produced += accepted + 1
+        seconds += propose_s + verify_s
+        histogram[k] = histogram.get(k, 0) + 1
+    return produced / seconds, dict(sorted(histogram.items()))
+
+
+def compare(curve: str, alphas=(0.2, 0.5, 0.8, 0.95), max_k: int = 8, tokens: int = 2000) -> list[dict]:
+    verify, draft_token = CURVES[curve]
+    rows = []
+    for alpha in alphas:
+        fixed = {k: simulate(FixedLength(k), verify, draft_token, alpha, tokens)[0] for k in range(max_k + 1)}
+        best_k = max(fixed, key=fixed.get)
+        auto, histogram = simulate(AutoLength(CostEstimates(), max_k=max_k), verify, draft_token, alpha, tokens)
+        stepwise, _ = simulate(StepwiseLength(), verify, draft_token, alpha, tokens)
+        rows.append({"curve": curve, "alpha": alpha, "best_fixed_k": best_k, "best_fixed": fixed[best_k],
+                     "plain": fixed[0], "auto": auto, "auto_vs_best": auto / fixed[best_k], "stepwise": stepwise,
+                     "auto_k_histogram": histogram})
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = [f"{'curve':<9} {'alpha':>5} {'plain':>7} {'best k':>6} {'best':>7} {'auto':>7} {'auto/best':>9} "
+             f"{'stepwise':>8}  auto's k histogram"]
+    for r in rows:
+        lines.append(f"{r['curve']:<9} {r['alpha']:>5.2f} {r['plain']:>7.2f} {r['best_fixed_k']:>6} "
+                     f"{r['best_fixed']:>7.2f} {r['auto']:>7.2f} {r['auto_vs_best']:>8.1%} {r['stepwise']:>8.2f}  "
+                     f"{r['auto_k_histogram']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="hf-spec simulate", description=__doc__.splitlines()[0])
+    parser.add_argument("--curves", default="cpu,gpu-flat")
+    parser.add_argument("--alphas", default="0.2,0.5,0.8,0.95")
+    parser.add_argument("--tokens", type=int, default=2000)
+    args = parser.parse_args(argv)
+    rows = [row for curve in args.curves.split(",")
+            for row in compare(curve, [float(a) for a in args.alphas.split(",")], tokens=args.tokens)]
+    print("tokens/s (simulated seconds from the measured curves)")
+    print(format_rows(rows))
+    return 0
