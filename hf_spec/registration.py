@@ -30,11 +30,11 @@ class Strategy:
 
 # generate() keywords that transformers keeps from custom_generate callables (it consumes them itself,
 # or drops them): every strategy takes them under these names.
-PASSED_THROUGH = {"streamer": "token_streamer", "tokenizer": "target_tokenizer",
-                  "assistant_tokenizer": "draft_tokenizer"}
+PASSED_THROUGH = {"streamer": "token_streamer", "tokenizer": "target_tokenizer"}
 
 STRATEGIES = {
-    "draft": Strategy("draft", "hf_spec.draft:generate", {"assistant_model": "draft_model"}),
+    "draft": Strategy("draft", "hf_spec.draft:generate",
+                      {"assistant_model": "draft_model", "assistant_tokenizer": "draft_tokenizer"}),
     "medusa": Strategy("medusa", "hf_spec.medusa.generate:generate"),
 }
 

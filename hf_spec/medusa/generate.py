@@ -43,7 +43,6 @@ def generate(
     token_streamer=None,
     stop_strings=None,
     target_tokenizer=None,
-    draft_tokenizer=None,
     **model_kwargs,
 ):
     """Medusa decoding for ``model.generate(custom_generate=...)``.
