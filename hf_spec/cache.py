@@ -72,10 +72,12 @@ def keep_path(cache: Cache, keep: int, block_start: int, path: list[int], compac
     destinations = list(range(keep, keep + len(path)))
     if sources != destinations:
         compact_layer = compact_layer or compact_layer_torch
+        moves = {}  # device -> (sources, destinations): built once, not once per layer
         for layer in cache.layers:
             device = layer.keys.device
-            compact_layer(layer.keys, layer.values, torch.tensor(sources, device=device),
-                          torch.tensor(destinations, device=device))
+            if device not in moves:
+                moves[device] = (torch.tensor(sources, device=device), torch.tensor(destinations, device=device))
+            compact_layer(layer.keys, layer.values, *moves[device])
     rollback(cache, keep + len(path))
 
 

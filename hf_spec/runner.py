@@ -45,6 +45,7 @@ class CachedModel:
         self.cache = cache
         self.device = model.device
         self.padding_mask = None if padding_mask is None else padding_mask.to(self.device)
+        self.num_pads = 0 if padding_mask is None else int((padding_mask == 0).sum())
         self._cache_kwargs = cache_kwargs(model, cache)
         self._takes_logits_to_keep = _takes_logits_to_keep(type(model))
 
@@ -96,8 +97,7 @@ class CachedModel:
     def _tree_positions_and_mask(self, start: int, tree_mask: torch.BoolTensor, depths: torch.LongTensor) -> dict:
         """Root at the position the next token would take; node at root + depth. 4D mask [1, 1, n, start + n]:
         0 where a query may attend, the dtype's minimum elsewhere."""
-        num_pads = 0 if self.padding_mask is None else int((self.padding_mask == 0).sum())
-        positions = (start - num_pads + depths).unsqueeze(0)
+        positions = (start - self.num_pads + depths).unsqueeze(0)
         past = torch.ones(tree_mask.shape[0], start, dtype=torch.bool, device=self.device)
         if self.padding_mask is not None:
             past &= self._full_mask(start).bool()
