@@ -103,7 +103,7 @@ def generate(
         model,
         input_ids,
         DraftModelProposer(draft, padding_mask),
-        draft_length(num_speculative_tokens, model, draft, cache_costs),
+        draft_length(num_speculative_tokens, model, draft, generation_config.do_sample, cache_costs),
         logits_processor,
         stopping_criteria,
         generation_config,

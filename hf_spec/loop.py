@@ -112,6 +112,7 @@ def speculative_generate(
         streamer.put(input_ids.cpu())
 
     sequence = input_ids
+    schedule.start(sequence.shape[1], max_length - sequence.shape[1])
     with timer("prefill_s"):
         target.rollback(sequence.shape[1] - 1)
         if target.cached_length < sequence.shape[1] - 1:
@@ -137,14 +138,15 @@ def speculative_generate(
 
         scores = process_block(logits_processor, sequence, proposal.tokens, proposal.parents, logits)
         accepted, bonus = acceptance(proposal, scores)
+        rows = [0, *accepted]  # the score row of each new token is its parent's block index
         stats.record_step(_proposed_depth(proposal, accepted), len(accepted))
-        schedule.observe(proposal.num_tokens, len(accepted), stats.propose_s - spent[0], stats.verify_s - spent[1])
+        schedule.observe(proposal.num_tokens, len(accepted), stats.propose_s - spent[0], stats.verify_s - spent[1],
+                         scores[rows].float().softmax(-1).amax(-1).tolist())
         target.keep_path(committed, committed - 1, accepted, acceptance.verifier.compact_layer)
         last = accepted[-1] if accepted else 0
         proposer.advance(committed + len(accepted), hidden[last] if hidden is not None else None)
 
         new_tokens = torch.cat([proposal.tokens[0, [i - 1 for i in accepted]], bonus.view(1)])
-        rows = [0, *accepted]  # the score row of each new token is its parent's block index
         sequence, finished = _commit(sequence, new_tokens, scores[rows], logits[rows], stopping_criteria, recorder,
                                      streamer)
 

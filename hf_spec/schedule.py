@@ -4,39 +4,51 @@
 - "stepwise" (the seed's rule of thumb): start at 3, raise k by one while a step's acceptance stays at or above
   50%, lower it by one (not below 1) otherwise;
 - "auto": each step picks the k in 0..max_k that maximises expected tokens per second,
-  E(k) / (D(k) + V(k + 1)) with E(k) = 1 + s_1 + ... + s_k (``hf_spec.costmodel``), where V(w) is the
-  target's measured time to verify w tokens, D(k) = k x the draft's measured time per token and s_i the
-  survival measured online (exponentially forgetting old steps). k = 0 is plain decoding (rate 1 / V(1)); while
-  it wins, a probe step every ``probe_every`` steps keeps the acceptance estimate honest. Verify costs are
-  measured during generation and kept per (target, draft, device, dtype) across calls (``cache_costs=False``
-  starts afresh).
+  E(k) / (D(k) + V(k + 1)) with E(k) = 1 + a + a^2 + ... + a^k (``hf_spec.costmodel``), where V(w) is the
+  target's measured time to verify w tokens, D(k) = k x the draft's measured time per token, and a the
+  acceptance predicted for the next tokens. k = 0 is plain decoding (rate 1 / V(1)).
+
+Where "auto" gets a while it decodes plainly: from the target itself. Every step already has the target's
+distribution at each committed token; its confidence (the top probability, after the user's logits
+processors) predicts whether a draft would have agreed there. ``ConfidenceCalibration`` learns, per pair
+and across calls, the acceptance by confidence bin from the steps that did speculate; ``a`` is a moving
+average of the calibrated acceptance of the recent tokens. So plain decoding costs the draft nothing (no
+probe steps, no draft prefill), and speculation starts where the text turns predictable. Starting it again
+after plain steps makes the draft catch up on every token it skipped (the whole prompt, the first time):
+"auto" switches only when the time the next run of predictable tokens should save exceeds that catch-up.
+Costs and calibration are kept per (target, draft, device, dtype) across calls (``cache_costs=False``
+starts afresh).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
-from typing import Protocol
 
 
-class DraftLength(Protocol):
+class DraftLength:
+    """A schedule: the loop calls start() once, then next() and observe() at every step."""
+
+    def start(self, prompt_length: int, max_new_tokens: int) -> None:
+        """A call begins with ``prompt_length`` tokens that no proposer has seen, and may add ``max_new_tokens``."""
+
     def next(self) -> int:
         """The number of tokens to propose at the next step (0: a plain decoding step)."""
+        raise NotImplementedError
 
-    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float) -> None:
-        """What the step with k proposals kept, and what proposing and verifying took."""
+    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float, confidence: list[float]) -> None:
+        """What the step with k proposals kept, what proposing and verifying took, and the target's confidence
+        (top probability) at each committed token: entry i judged proposal i + 1."""
 
 
-class FixedLength:
+class FixedLength(DraftLength):
     def __init__(self, k: int):
         self.k = k
 
     def next(self) -> int:
         return self.k
 
-    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float) -> None:
-        pass
 
-
-class StepwiseLength:
+class StepwiseLength(DraftLength):
     """Start at 3; +1 while a step accepts at least half of its proposals, else -1 (at least 1)."""
 
     def __init__(self, start: int = 3, max_k: int = 12):
@@ -45,7 +57,7 @@ class StepwiseLength:
     def next(self) -> int:
         return self.k
 
-    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float) -> None:
+    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float, confidence: list[float]) -> None:
         if k == 0:
             return
         self.k = min(self.k + 1, self.max_k) if accepted >= 0.5 * k else max(self.k - 1, 1)
@@ -53,19 +65,25 @@ class StepwiseLength:
 
 @dataclass
 class CostEstimates:
-    """Measured seconds, smoothed: verify[w] = V(w), draft_token = the draft's time per proposed token."""
+    """Measured seconds, smoothed: verify[w] = V(w); draft_token = the draft's time per proposed token;
+    catch_up_token = its time per token when it catches up on tokens it skipped (a prefill)."""
 
     verify: dict[int, float] = field(default_factory=dict)
     draft_token: float | None = None
+    catch_up_token: float | None = None
     smoothing: float = 0.3  # weight of a new measurement
 
+    def _smoothed(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+
     def update_verify(self, width: int, seconds: float) -> None:
-        old = self.verify.get(width)
-        self.verify[width] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self.verify[width] = self._smoothed(self.verify.get(width), seconds)
 
     def update_draft(self, seconds_per_token: float) -> None:
-        old = self.draft_token
-        self.draft_token = seconds_per_token if old is None else (1 - self.smoothing) * old + self.smoothing * seconds_per_token
+        self.draft_token = self._smoothed(self.draft_token, seconds_per_token)
+
+    def update_catch_up(self, seconds_per_token: float) -> None:
+        self.catch_up_token = self._smoothed(self.catch_up_token, seconds_per_token)
 
     def verify_cost(self, width: int) -> float:
         """V(width): measured, else linear between the nearest measured widths, else the nearest measured value
@@ -80,7 +98,51 @@ class CostEstimates:
         return self.verify[max(lower) if lower else min(upper)]
 
 
-_COSTS: dict[tuple, CostEstimates] = {}
+class ConfidenceCalibration:
+    """P(a proposal is accepted | the target's confidence where it is judged), by confidence bin.
+
+    Each bin holds pseudo-counts (accepted, seen): a prior of ``prior_weight`` steps at the bin's middle, then
+    observations; a bin keeps at most ``memory`` of them (older ones fade), so it follows a new pair or text.
+    """
+
+    EDGES = (0.3, 0.5, 0.7, 0.85, 0.95, 0.99)
+
+    def __init__(self, prior_weight: float = 2.0, memory: float = 200.0):
+        bounds = (0.0, *self.EDGES, 1.0)
+        middles = [(lo + hi) / 2 for lo, hi in zip(bounds, bounds[1:])]
+        self.accepted = [m * prior_weight for m in middles]
+        self.seen = [prior_weight] * len(middles)
+        self.memory = memory
+
+    def _bin(self, confidence: float) -> int:
+        return bisect.bisect_right(self.EDGES, confidence)
+
+    def rate(self, confidence: float) -> float:
+        b = self._bin(confidence)
+        return self.accepted[b] / self.seen[b]
+
+    def update(self, confidence: float, accepted: bool) -> None:
+        b = self._bin(confidence)
+        if self.seen[b] >= self.memory:
+            fade = (self.memory - 1) / self.seen[b]
+            self.accepted[b] *= fade
+            self.seen[b] *= fade
+        self.accepted[b] += float(accepted)
+        self.seen[b] += 1.0
+
+
+@dataclass
+class PairMemory:
+    """What "auto" keeps for one (target, draft) pair on one device and dtype, across calls."""
+
+    costs: CostEstimates = field(default_factory=CostEstimates)
+    calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
+
+    def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
+        return self.calibration.setdefault(do_sample, ConfidenceCalibration())
+
+
+_MEMORY: dict[tuple, PairMemory] = {}
 
 
 def _model_key(model) -> tuple:
@@ -88,79 +150,90 @@ def _model_key(model) -> tuple:
     return (model.name_or_path or id(model), str(model.device), str(model.dtype), str(quantization))
 
 
-def cost_estimates(target, draft, cache_costs: bool = True) -> CostEstimates:
-    """The estimates kept for this (target, draft) pair on this device and dtype, or fresh ones."""
+def pair_memory(target, draft, cache_costs: bool = True) -> PairMemory:
+    """The memory kept for this (target, draft) pair on this device and dtype, or a fresh one."""
     if not cache_costs:
-        return CostEstimates()
-    return _COSTS.setdefault((_model_key(target), _model_key(draft)), CostEstimates())
+        return PairMemory()
+    return _MEMORY.setdefault((_model_key(target), _model_key(draft)), PairMemory())
 
 
-class AutoLength:
-    """Chooses k each step from measured costs and online acceptance (see the module docstring)."""
+class AutoLength(DraftLength):
+    """Chooses k each step from measured costs and predicted acceptance (see the module docstring).
 
-    def __init__(self, costs: CostEstimates, max_k: int = 8, probe_every: int = 8, max_probe_every: int = 128,
-                 forgetting: float = 0.9, first_k: int = 3):
-        self.costs, self.max_k, self.forgetting, self.first_k = costs, max_k, forgetting, first_k
-        self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
-        self.probe_every = probe_every  # doubles after each probe that does not pay, back to the minimum when one does
-        # conditional acceptance at each position: (accepted, reached) pseudo-counts, prior 1 of 2
-        self.accepted = [1.0] * max_k
-        self.reached = [2.0] * max_k
-        self._prior_weight = 2.0  # the prior's share of `reached`, which forgetting shrinks with the counts
-        self.plain_streak = 0
-        self.last_k = None
+    draft_cost_ratio: the draft's cost per token as a share of V(1) until it is measured (e.g. the ratio of
+    the parameter counts); catch_up_ratio: the draft's cost per skipped token (a prefill) as a share of its
+    cost per proposed token, until measured; smoothing: the weight of each new token in the acceptance
+    average; max_horizon: the most tokens (of those the call may still add) a switch to speculation is
+    expected to pay over; first_k: the length of the steps that measure the draft's costs, once per pair.
+    """
+
+    def __init__(self, costs: CostEstimates, calibration: ConfidenceCalibration, max_k: int = 8,
+                 draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
+                 max_horizon: int = 64, first_k: int = 3):
+        self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
+        self.draft_cost_ratio, self.catch_up_ratio = draft_cost_ratio, catch_up_ratio
+        self.smoothing, self.max_horizon = smoothing, max_horizon
+        self.acceptance = 0.5  # predicted acceptance of the next proposals
+        self.behind = 0  # committed tokens the draft has not seen
+        self.remaining = max_horizon  # tokens the call may still add
+
+    def start(self, prompt_length: int, max_new_tokens: int) -> None:
+        self.behind, self.remaining = prompt_length, max_new_tokens
+
+    def draft_token_cost(self) -> float:
+        if self.costs.draft_token is not None:
+            return self.costs.draft_token
+        return self.draft_cost_ratio * self.costs.verify_cost(1)
+
+    def catch_up_cost(self, tokens: int) -> float:
+        per_token = self.costs.catch_up_token
+        return tokens * (per_token if per_token is not None else self.catch_up_ratio * self.draft_token_cost())
 
     def survival(self, k: int) -> list[float]:
-        """s_1..s_k from the conditional acceptance estimates; a position seen in fewer than two steps takes the
-        estimate of the deepest position that has been (a draft right at 3 positions is likely right at 4)."""
-        survival, alive, rate = [], 1.0, 0.5
-        for i in range(k):
-            if self.reached[i] - self._prior_weight >= 1.5:
-                rate = self.accepted[i] / self.reached[i]
-            alive *= rate
-            survival.append(alive)
-        return survival
+        return [self.acceptance ** i for i in range(1, k + 1)]
 
     def expected_rate(self, k: int) -> float:
         """Expected tokens per second with k proposals (k = 0: plain decoding)."""
         if k == 0:
             return 1.0 / self.costs.verify_cost(1)
-        step = k * self.costs.draft_token + self.costs.verify_cost(k + 1)
+        step = k * self.draft_token_cost() + self.costs.verify_cost(k + 1)
         return (1.0 + sum(self.survival(k))) / step
 
-    def best_k(self, smallest: int = 0) -> int:
-        return max(range(smallest, self.max_k + 1), key=self.expected_rate)
+    def best_k(self) -> int:
+        return max(range(self.max_k + 1), key=self.expected_rate)
+
+    def worth_catching_up(self, k: int) -> bool:
+        """Would speculating over the tokens ahead (at most max_horizon) save more than the draft needs to
+        catch up on the tokens it skipped?"""
+        saved_per_token = 1.0 / self.expected_rate(0) - 1.0 / self.expected_rate(k)
+        return saved_per_token * min(self.remaining, self.max_horizon) > self.catch_up_cost(self.behind - 1)
 
     def next(self) -> int:
         if 1 not in self.costs.verify:
             return 0  # measure plain decoding first
-        if self.costs.draft_token is None or len(self.costs.verify) < 2:
-            return self.first_k  # then speculate until the draft's cost per token has been measured
+        if self.costs.draft_token is None or self.costs.catch_up_token is None:
+            return self.first_k  # then, once per pair, the draft's catch-up on the prompt and its cost per token
         k = self.best_k()
-        if k > 0:
-            self.plain_streak, self.probe_every = 0, self.min_probe_every
-            return k
-        self.plain_streak += 1
-        if self.plain_streak % self.probe_every == 0:  # probe: is the draft right more often now?
-            self.probe_every = min(2 * self.probe_every, self.max_probe_every)
-            return self.best_k(smallest=1)
-        return 0
+        if k > 0 and self.behind > 1 and not self.worth_catching_up(k):
+            return 0
+        return k
 
-    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float) -> None:
+    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float, confidence: list[float]) -> None:
         self.costs.update_verify(k + 1, verify_s)
         if k > 0:
-            # the first speculative step of a call, or after plain steps, also feeds the draft everything it
-            # missed (the prompt, the plain tokens): not a per-token cost
-            if self.last_k not in (0, None):
+            if self.behind > 1:  # the draft also fed the tokens it had skipped: a prefill, not k proposals
+                catch_up = propose_s - k * self.draft_token_cost()
+                self.costs.update_catch_up(max(catch_up, 0.0) / (self.behind - 1))
+            else:
                 self.costs.update_draft(propose_s / k)
-            for i in range(self.max_k):
-                self.accepted[i] *= self.forgetting
-                self.reached[i] *= self.forgetting
-            self._prior_weight *= self.forgetting
-            for i in range(min(k, accepted + 1)):  # positions 0..accepted were reached
-                self.reached[i] += 1.0
-                self.accepted[i] += float(i < accepted)
-        self.last_k = k
+            for i in range(min(k, accepted + 1)):  # proposals 1..accepted + 1 were judged
+                self.calibration.update(confidence[i], i < accepted)
+            self.behind = 1
+        else:
+            self.behind += 1
+        self.remaining -= accepted + 1
+        for c in confidence:  # the committed tokens, in order
+            self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
 
 
 def check_draft_length(num_speculative_tokens) -> None:
@@ -170,11 +243,14 @@ def check_draft_length(num_speculative_tokens) -> None:
         raise ValueError(f"num_speculative_tokens must be an int >= 1, 'auto' or 'stepwise'; got {num_speculative_tokens!r}.")
 
 
-def draft_length(num_speculative_tokens, target, draft, cache_costs: bool = True) -> DraftLength:
+def draft_length(num_speculative_tokens, target, draft, do_sample: bool = False,
+                 cache_costs: bool = True) -> DraftLength:
     """The schedule for ``num_speculative_tokens`` = int >= 1, "stepwise" or "auto"."""
     check_draft_length(num_speculative_tokens)
     if num_speculative_tokens == "auto":
-        return AutoLength(cost_estimates(target, draft, cache_costs))
+        memory = pair_memory(target, draft, cache_costs)
+        return AutoLength(memory.costs, memory.calibration_for(do_sample),
+                          draft_cost_ratio=draft.num_parameters() / target.num_parameters())
     if num_speculative_tokens == "stepwise":
         return StepwiseLength()
     return FixedLength(num_speculative_tokens)

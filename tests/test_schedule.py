@@ -3,30 +3,31 @@ import pytest
 import torch
 
 import hf_spec
-from hf_spec.schedule import AutoLength, CostEstimates, StepwiseLength
+from hf_spec.schedule import AutoLength, ConfidenceCalibration, CostEstimates, StepwiseLength
 
 # measured on this CPU (GUIDE 6 and the bench): verifying w tokens of the 1.5B, the 0.5B draft per token
 CPU = {1: 0.375, 2: 0.763, 4: 0.77, 6: 0.83, 9: 0.95}
 GPU_FLAT = {1: 0.020, 2: 0.020, 4: 0.021, 9: 0.022}
 
 
-def auto_with(verify, draft_token, acceptance, max_k=8):
-    auto = AutoLength(CostEstimates(verify=dict(verify), draft_token=draft_token), max_k=max_k)
-    auto.accepted = [acceptance * 1000.0] * max_k  # a confident estimate of the conditional acceptance
-    auto.reached = [1000.0] * max_k
+def auto_with(verify, draft_token, acceptance, max_k=8, catch_up_token=0.01):
+    costs = CostEstimates(verify=dict(verify), draft_token=draft_token, catch_up_token=catch_up_token)
+    auto = AutoLength(costs, ConfidenceCalibration(), max_k=max_k)
+    auto.start(prompt_length=1, max_new_tokens=1000)  # nothing to catch up on
+    auto.acceptance = acceptance
     return auto
 
 
 @pytest.mark.parametrize("acceptance, speculate", [(0.2, False), (0.5, False), (0.8, False), (0.95, True)])
 def test_cpu_costs_speculate_only_at_high_acceptance(acceptance, speculate):
     auto = auto_with(CPU, 0.15, acceptance)
-    assert (auto.best_k() > 0) == speculate
+    assert (auto.next() > 0) == speculate
 
 
 @pytest.mark.parametrize("acceptance, smallest_k", [(0.2, 1), (0.5, 1), (0.8, 3), (0.95, 6)])
 def test_flat_gpu_costs_always_speculate(acceptance, smallest_k):
     auto = auto_with(GPU_FLAT, 0.002, acceptance)
-    assert auto.best_k() >= smallest_k
+    assert auto.next() >= smallest_k
 
 
 def test_expected_rate_worked_example():
@@ -43,18 +44,57 @@ def test_verify_cost_interpolation():
     assert CostEstimates(verify={1: 1.0}).verify_cost(4) == 1.0
 
 
-def test_unseen_positions_take_the_deepest_estimate():
-    auto = AutoLength(CostEstimates(verify={1: 1.0, 4: 1.0}, draft_token=0.01))
-    for _ in range(20):
-        auto.observe(3, 3, 0.03, 1.0)  # three positions, always right
-    assert auto.survival(6)[5] > 0.8  # positions 4-6 never proposed: assumed as good as position 3
+def test_calibration_starts_at_each_bins_middle_and_learns():
+    calibration = ConfidenceCalibration(prior_weight=2.0, memory=50.0)
+    assert calibration.rate(0.97) == pytest.approx(0.97)  # bin [0.95, 0.99)
+    assert calibration.rate(0.1) == pytest.approx(0.15)  # bin [0, 0.3)
+    for _ in range(200):
+        calibration.update(0.97, accepted=False)
+    assert calibration.rate(0.96) < 0.01  # the same bin learned; at most `memory` observations kept
+    assert calibration.seen[calibration._bin(0.97)] <= 50.0
+    assert calibration.rate(0.5) == pytest.approx(0.6)  # other bins untouched
 
 
-def test_probes_back_off_while_they_do_not_pay():
-    auto = auto_with(CPU, 0.15, 0.2)
-    choices = [auto.next() for _ in range(200)]
-    probes = [i for i, k in enumerate(choices) if k > 0]
-    assert len(probes) <= 6 and probes[0] == 7  # after 8, then 16, 32, 64... plain steps
+def test_acceptance_follows_the_targets_confidence():
+    auto = auto_with(CPU, 0.15, 0.5)
+    for _ in range(10):
+        auto.observe(0, 0, 0.0, 0.375, [0.995])  # plain steps; the target is sure of every token
+    assert auto.acceptance > 0.95 and auto.next() == 8
+    for _ in range(10):
+        auto.observe(0, 0, 0.0, 0.375, [0.4])
+    assert auto.acceptance < 0.5 and auto.next() == 0
+
+
+def test_speculative_steps_teach_the_calibration():
+    auto = auto_with(CPU, 0.15, 0.99)
+    for _ in range(100):  # the target is sure, yet the draft is always wrong at the first position
+        auto.observe(4, 0, 0.6, 0.8, [0.995])
+    assert auto.calibration.rate(0.995) < 0.05 and auto.acceptance < 0.1 and auto.next() == 0
+
+
+def test_switching_on_pays_for_the_drafts_catch_up():
+    auto = auto_with(CPU, 0.15, 0.97, catch_up_token=0.01)
+    auto.start(prompt_length=2000, max_new_tokens=64)  # catching up on 2000 tokens costs 20 s
+    assert auto.best_k() > 0 and auto.next() == 0
+    auto.start(prompt_length=100, max_new_tokens=64)  # 1 s: worth it over 64 predictable tokens
+    assert auto.next() > 0
+    auto.start(prompt_length=100, max_new_tokens=2)  # not over 2
+    assert auto.next() == 0
+
+
+def test_startup_measures_plain_then_the_drafts_costs_once():
+    auto = AutoLength(CostEstimates(), ConfidenceCalibration())
+    auto.start(prompt_length=101, max_new_tokens=100)
+    assert auto.next() == 0
+    auto.observe(0, 0, 0.0, 0.4, [0.5])
+    assert auto.next() == 3
+    auto.observe(3, 3, 2.0 + 3 * 0.2, 0.5, [0.5] * 4)  # the draft caught up on 101 tokens
+    assert auto.costs.draft_token is None and auto.costs.catch_up_token == pytest.approx(2.0 / 101)
+    assert auto.next() == 3
+    auto.observe(3, 3, 0.3, 0.5, [0.5] * 4)
+    assert auto.costs.draft_token == pytest.approx(0.1)
+    auto.acceptance = 0.2
+    assert auto.next() == 0  # now it decides
 
 
 def test_simulated_auto_is_close_to_the_best_fixed_k():
@@ -69,38 +109,12 @@ def test_simulated_auto_is_close_to_the_best_fixed_k():
                 assert max(row["auto_k_histogram"], key=row["auto_k_histogram"].get) > 0, row
 
 
-def test_startup_measures_plain_then_speculation_then_decides():
-    auto = AutoLength(CostEstimates())
-    assert auto.next() == 0
-    auto.observe(0, 0, 0.0, 0.4)
-    assert auto.next() == 3
-    auto.observe(3, 3, 2.0, 0.5)  # the draft caught up with the prompt: not a per-token cost
-    assert auto.costs.draft_token is None and auto.next() == 3
-    auto.observe(3, 3, 0.3, 0.5)
-    assert auto.costs.draft_token == pytest.approx(0.1)
-    assert auto.next() > 0
-
-
-def test_plain_decoding_probes_now_and_then():
-    auto = auto_with(CPU, 0.15, 0.2)
-    auto.probe_every = 4
-    choices = [auto.next() for _ in range(8)]
-    assert choices.count(0) == 6 and all(k > 0 for k in choices[3::4])
-
-
-def test_acceptance_estimate_follows_observations():
-    auto = AutoLength(CostEstimates(verify={1: 1.0, 4: 1.0}, draft_token=0.01))
-    for _ in range(30):
-        auto.observe(3, 1, 0.03, 1.0)  # first proposal always kept, second always rejected
-    assert auto.survival(3)[0] > 0.9 and auto.survival(3)[1] < 0.1
-
-
 def test_stepwise_rule():
     stepwise = StepwiseLength()
     assert stepwise.next() == 3
-    stepwise.observe(3, 2, 0, 0)
+    stepwise.observe(3, 2, 0, 0, [])
     assert stepwise.next() == 4
-    stepwise.observe(4, 1, 0, 0)
+    stepwise.observe(4, 1, 0, 0, [])
     assert stepwise.next() == 3
 
 
@@ -114,16 +128,22 @@ def test_adaptive_lengths_keep_greedy_output(target, drafts, prompt, mode, kind)
     stats = hf_spec.last_stats()
     assert sum(stats.k_histogram.values()) == stats.steps
     if mode == "auto":
-        assert stats.k_per_step[:2] == [0, 3]  # measure plain decoding, then speculation
+        assert stats.k_per_step[:3] == [0, 3, 3]  # measure plain decoding, then the draft's costs
     if mode == "stepwise" and kind == "always":
         assert stats.k_per_step[:3] == [3, 4, 5]
 
 
-def test_auto_stops_speculating_with_a_draft_that_is_never_right(target, drafts, prompt):
-    target.generate(**prompt, do_sample=False, max_new_tokens=60, min_new_tokens=60, strategy="draft",
-                    draft_model=drafts["never"], num_speculative_tokens="auto", cache_costs=False)
+def test_auto_decodes_plainly_with_a_draft_that_is_never_right_and_leaves_it_idle(target, drafts, prompt):
+    calls = []
+    hook = drafts["never"].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        target.generate(**prompt, do_sample=False, max_new_tokens=60, min_new_tokens=60, strategy="draft",
+                        draft_model=drafts["never"], num_speculative_tokens="auto", cache_costs=False)
+    finally:
+        hook.remove()
     ks = hf_spec.last_stats().k_per_step
-    assert ks[10:].count(0) > 0.8 * len(ks[10:])  # after a few probes, plain decoding (with a rare probe)
+    assert ks[3:].count(0) >= 0.9 * len(ks[3:])  # after measuring the draft: plain decoding
+    assert len(calls) == sum(ks)  # one draft forward per proposed token; none in plain steps
 
 
 def test_bad_lengths():
@@ -132,3 +152,19 @@ def test_bad_lengths():
     for bad in (0, -1, "fast", 2.5, True):
         with pytest.raises(ValueError, match="an int >= 1, 'auto' or 'stepwise'"):
             check_draft_length(bad)
+
+
+def test_auto_remembers_costs_and_calibration_per_pair_across_calls(target, drafts, prompt):
+    from hf_spec.schedule import _MEMORY
+
+    _MEMORY.clear()
+    kwargs = dict(do_sample=False, max_new_tokens=20, min_new_tokens=20, strategy="draft",
+                  draft_model=drafts["always"], num_speculative_tokens="auto")
+    target.generate(**prompt, **kwargs)
+    assert len(_MEMORY) == 1
+    memory = next(iter(_MEMORY.values()))
+    assert memory.costs.draft_token is not None and False in memory.calibration
+    target.generate(**prompt, **kwargs)
+    assert len(_MEMORY) == 1 and next(iter(_MEMORY.values())) is memory  # the same pair: the same memory
+    target.generate(**prompt, **kwargs, cache_costs=False)
+    assert len(_MEMORY) == 1  # a fresh memory, not kept

@@ -3,14 +3,16 @@
     hf-spec simulate                       # this CPU's curve and a GPU-like flat one, alpha 0.2 / 0.5 / 0.8 / 0.95
 
 Each step proposes k tokens; each is accepted with probability alpha while the previous ones were (i.i.d.);
-the step costs k x draft + V(k + 1) seconds from the curve. The real schedules (``hf_spec.schedule``) decide k
+the step costs k x draft + V(k + 1) seconds from the curve, plus a catch-up (a tenth of a draft token's cost per
+token: the 0.5B's prefill on this CPU is faster still) when the draft skipped tokens: the prompt, or plain steps. The target's
+confidence is alpha at every token, so "auto" has to learn what that confidence means. The real schedules (``hf_spec.schedule``) decide k
 from what they observe, exactly as in generate(); fixed k = 0..8 are the yardstick. No model runs.
 """
 from __future__ import annotations
 
 import random
 
-from ..schedule import AutoLength, CostEstimates, FixedLength, StepwiseLength
+from ..schedule import AutoLength, ConfidenceCalibration, CostEstimates, FixedLength, StepwiseLength
 
 # Measured: the CPU curve is the 1.5B target and 0.5B draft on this machine (fp32; hf-spec bench calibration
 # plus GUIDE 6's widths); the GPU curve is a decode step bound by reading weights (verification nearly flat).
@@ -20,19 +22,29 @@ CURVES = {
 }
 
 
+PROMPT_LENGTH = 100
+CATCH_UP_SHARE = 0.1  # the draft's time per skipped token, as a share of its time per proposed token
+
+
 def simulate(schedule, verify: dict[int, float], draft_token: float, alpha: float, tokens: int = 2000,
              seed: int = 0) -> tuple[float, dict[int, int]]:
     """Tokens per second and the histogram of k over a run of ``tokens`` tokens."""
     costs = CostEstimates(verify=dict(verify))
     rng = random.Random(seed)
     produced, seconds, histogram = 0, 0.0, {}
+    behind = PROMPT_LENGTH
+    schedule.start(PROMPT_LENGTH, tokens)
     while produced < tokens:
         k = schedule.next()
         accepted = 0
         while accepted < k and rng.random() < alpha:
             accepted += 1
-        propose_s, verify_s = k * draft_token, costs.verify_cost(k + 1)
-        schedule.observe(k, accepted, propose_s, verify_s)
+        propose_s, verify_s = 0.0, costs.verify_cost(k + 1)
+        if k > 0:
+            propose_s = k * draft_token + CATCH_UP_SHARE * draft_token * (behind - 1)
+            behind = 0
+        behind += accepted + 1
+        schedule.observe(k, accepted, propose_s, verify_s, [alpha] * (accepted + 1))
         produced += accepted + 1
         seconds += propose_s + verify_s
         histogram[k] = histogram.get(k, 0) + 1
@@ -45,7 +57,7 @@ def compare(curve: str, alphas=(0.2, 0.5, 0.8, 0.95), max_k: int = 8, tokens: in
     for alpha in alphas:
         fixed = {k: simulate(FixedLength(k), verify, draft_token, alpha, tokens)[0] for k in range(max_k + 1)}
         best_k = max(fixed, key=fixed.get)
-        auto, histogram = simulate(AutoLength(CostEstimates(), max_k=max_k), verify, draft_token, alpha, tokens)
+        auto, histogram = simulate(AutoLength(CostEstimates(), ConfidenceCalibration(), max_k=max_k), verify, draft_token, alpha, tokens)
         stepwise, _ = simulate(StepwiseLength(), verify, draft_token, alpha, tokens)
         rows.append({"curve": curve, "alpha": alpha, "best_fixed_k": best_k, "best_fixed": fixed[best_k],
                      "plain": fixed[0], "auto": auto, "auto_vs_best": auto / fixed[best_k], "stepwise": stepwise,
