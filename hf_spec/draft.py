@@ -31,8 +31,9 @@ class DraftModelProposer:
         self.draft = CachedModel(draft, new_cache(draft), padding_mask)
 
     def propose(self, sequence: torch.LongTensor, num_tokens: int, logits_processor: LogitsProcessorList,
-                do_sample: bool) -> Proposal:
+                do_sample: bool, max_depth: int) -> Proposal:
         target_device = sequence.device
+        num_tokens = min(num_tokens, max_depth)
         if num_tokens == 0:
             return Proposal(tokens=sequence.new_empty(1, 0), probs=None)
         prefix = sequence.to(self.draft.device)

@@ -93,7 +93,7 @@ def speculative_generate(
     """Decode with ``proposer`` drafting and ``model`` verifying; returns what ``generate()`` would.
 
     input_ids: [1, prompt_len]; padding_mask: [1, prompt_len] or None (see ``runner.padding_mask_of``);
-    draft_length: the most tokens a step may propose (a tree proposer may propose fewer), or a schedule that
+    draft_length: the most tokens a step may propose (a chain's length, a tree's nodes), or a schedule that
     picks it each step (``hf_spec.schedule``);
     model_kwargs: what ``generate()`` prepared (the cache among them).
     """
@@ -122,11 +122,12 @@ def speculative_generate(
     finished = False
     while not finished:
         committed = sequence.shape[1]
-        room = max(min(schedule.next(), max_length - committed - 1), 0)
+        room = max(max_length - committed - 1, 0)
         spent = (stats.propose_s, stats.verify_s)
 
         with timer("propose_s"):
-            proposal = proposer.propose(sequence, room, logits_processor, generation_config.do_sample)
+            proposal = proposer.propose(sequence, schedule.next(), logits_processor, generation_config.do_sample,
+                                        max_depth=room)
 
         with timer("verify_s"):
             block = torch.cat([sequence[:, -1:], proposal.tokens], dim=-1)  # root + proposals

@@ -44,8 +44,9 @@ class Proposer(Protocol):
     wants_hidden_states: bool
 
     def propose(self, sequence: torch.LongTensor, num_tokens: int, logits_processor: LogitsProcessorList,
-                do_sample: bool) -> Proposal:
-        """Propose up to ``num_tokens`` tokens to follow ``sequence`` [1, S] (the committed tokens)."""
+                do_sample: bool, max_depth: int) -> Proposal:
+        """Propose up to ``num_tokens`` tokens to follow ``sequence`` [1, S] (the committed tokens), none of them
+        more than ``max_depth`` places after it (what max_length leaves)."""
 
     def advance(self, keep: int, target_hidden: torch.Tensor | None) -> None:
         """The target now caches the first ``keep`` committed tokens; forget anything proposed after them.

@@ -71,6 +71,7 @@ class CostEstimates:
     verify: dict[int, float] = field(default_factory=dict)
     draft_token: float | None = None
     catch_up_token: float | None = None
+    propose_step: float | None = None  # a proposer's time per step whatever it proposes (Medusa's heads)
     smoothing: float = 0.3  # weight of a new measurement
 
     def _smoothed(self, old: float | None, new: float) -> float:
@@ -84,6 +85,9 @@ class CostEstimates:
 
     def update_catch_up(self, seconds_per_token: float) -> None:
         self.catch_up_token = self._smoothed(self.catch_up_token, seconds_per_token)
+
+    def update_propose_step(self, seconds: float) -> None:
+        self.propose_step = self._smoothed(self.propose_step, seconds)
 
     def verify_cost(self, width: int) -> float:
         """V(width): measured, else linear between the nearest measured widths, else the nearest measured value
@@ -133,10 +137,11 @@ class ConfidenceCalibration:
 
 @dataclass
 class PairMemory:
-    """What "auto" keeps for one (target, draft) pair on one device and dtype, across calls."""
+    """What "auto" keeps for one (target, draft or Medusa heads) pair on one device and dtype, across calls."""
 
     costs: CostEstimates = field(default_factory=CostEstimates)
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
+    head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
         return self.calibration.setdefault(do_sample, ConfidenceCalibration())
@@ -146,7 +151,10 @@ _MEMORY: dict[tuple, PairMemory] = {}
 
 
 def _model_key(model) -> tuple:
-    quantization = getattr(model.config, "quantization_config", None)
+    config = getattr(model, "config", None)
+    if config is None:  # Medusa heads
+        return (getattr(model, "name_or_path", None) or id(model), str(next(model.parameters()).device))
+    quantization = getattr(config, "quantization_config", None)
     return (model.name_or_path or id(model), str(model.device), str(model.dtype), str(quantization))
 
 
@@ -234,6 +242,55 @@ class AutoLength(DraftLength):
         self.remaining -= accepted + 1
         for c in confidence:  # the committed tokens, in order
             self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
+
+
+class AutoTree(DraftLength):
+    """``tree="auto"`` for Medusa: how many nodes of a nested family to verify each step.
+
+    The family is the prefixes of ``paths`` (listed most probable first, like upstream's trees). Each step
+    takes the prefix size n in 0..len(paths) that maximises E(n) / (H + V(n + 1)), E(n) from the heads'
+    measured accuracy by rank (``hf_spec.medusa.accuracy``), H the heads' measured time per step and V the
+    target's verify cost by width; n = 0 is plain decoding (1 / V(1)). The heads' hidden state is there at
+    every step, so switching costs nothing; while plain decoding wins, a probe step after 8, 16, 32, ...
+    plain steps (back to 8 when one pays) keeps the accuracy estimate current.
+    """
+
+    def __init__(self, costs: CostEstimates, accuracy, paths: list[tuple[int, ...]], probe_every: int = 8,
+                 max_probe_every: int = 128):
+        self.costs, self.accuracy, self.paths = costs, accuracy, list(paths)
+        self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
+        self.probe_every, self.plain_streak = probe_every, 0
+
+    def expected_rate(self, n: int, expected: list[float] | None = None) -> float:
+        """Expected tokens per second verifying the first n nodes (n = 0: plain decoding)."""
+        if n == 0:
+            return 1.0 / self.costs.verify_cost(1)
+        expected = expected or self.accuracy.expected_tokens(self.paths[:n])
+        return expected[n] / (self.costs.propose_step + self.costs.verify_cost(n + 1))
+
+    def best_size(self, smallest: int = 0) -> int:
+        expected = self.accuracy.expected_tokens(self.paths)
+        return max(range(smallest, len(self.paths) + 1), key=lambda n: self.expected_rate(n, expected))
+
+    def next(self) -> int:
+        if 1 not in self.costs.verify:
+            return 0  # measure plain decoding first
+        if self.costs.propose_step is None:
+            return len(self.paths)  # then the whole tree, once per pair
+        n = self.best_size()
+        if n > 0:
+            self.plain_streak, self.probe_every = 0, self.min_probe_every
+            return n
+        self.plain_streak += 1
+        if self.plain_streak % self.probe_every == 0:
+            self.probe_every = min(2 * self.probe_every, self.max_probe_every)
+            return self.best_size(smallest=1)
+        return 0
+
+    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float, confidence: list[float]) -> None:
+        self.costs.update_verify(k + 1, verify_s)
+        if k > 0:
+            self.costs.update_propose_step(propose_s)
 
 
 def check_draft_length(num_speculative_tokens) -> None:

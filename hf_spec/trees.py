@@ -77,6 +77,17 @@ def resolve_tree(tree) -> list[tuple[int, ...]]:
     return paths
 
 
+def prefix_closed_order(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """``paths`` as given when every prefix of the list is a tree (parents first, e.g. upstream's trees, most
+    probable first), else sorted by depth then rank."""
+    seen: set[tuple[int, ...]] = set()
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in seen:
+            return sorted(paths, key=lambda p: (len(p), p))
+        seen.add(path)
+    return list(paths)
+
+
 def validate_tree(paths: list[tuple[int, ...]], num_heads: int | None = None, top_k: int | None = None) -> None:
     """Prefix-closed, no duplicates, non-negative ranks, depth at most ``num_heads``, ranks below ``top_k``."""
     if not paths:

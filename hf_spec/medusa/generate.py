@@ -9,7 +9,9 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from ..loop import Acceptance, check_supported, speculative_generate, with_stop_strings
 from ..runner import padding_mask_of
 from ..tree_verify import get_verifier
-from ..trees import resolve_tree, validate_tree
+from ..schedule import AutoTree, pair_memory
+from ..trees import DEFAULT_TREE, resolve_tree, validate_tree
+from .accuracy import HeadAccuracy
 from .heads import MedusaHeads
 from .loading import _check_fits, load_medusa_heads
 from .proposer import MedusaProposer
@@ -34,6 +36,7 @@ def generate(
     generation_config: GenerationConfig,
     medusa_heads=None,
     tree=None,
+    cache_costs: bool = True,
     acceptance: str = "exact",
     posterior_threshold: float = 0.09,
     posterior_alpha: float = 0.3,
@@ -48,8 +51,10 @@ def generate(
     """Medusa decoding for ``model.generate(custom_generate=...)``.
 
     medusa_heads: Hub id, local folder (Medusa-1 or Medusa-2 layout) or MedusaHeads; revision/token go to
-    huggingface_hub. tree: a name from ``hf_spec.trees.NAMED_TREES`` (default: upstream's 63-node tree) or
-    a list of paths of per-head top-k ranks. acceptance: "exact" (greedy match; lossless sampling) or
+    huggingface_hub. tree: a name from ``hf_spec.trees.NAMED_TREES`` (default: upstream's 63-node tree), a
+    list of paths of per-head top-k ranks, or "auto": each step verifies the prefix of the default tree (0
+    nodes = plain decoding) that the measured verify costs and head accuracies say is fastest
+    (``hf_spec.schedule.AutoTree``; ``cache_costs=False`` forgets what earlier calls measured). acceptance: "exact" (greedy match; lossless sampling) or
     "typical" (Medusa's lossy rule with posterior_threshold and posterior_alpha; sampling only).
     tree_verifier: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
     token_streamer, target_tokenizer: what generate() calls streamer and tokenizer (see hf_spec.draft).
@@ -57,15 +62,22 @@ def generate(
     check_supported(model, input_ids, generation_config, "medusa")
     stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, target_tokenizer)
     heads = resolve_heads(medusa_heads, model, revision, token)
-    paths = resolve_tree(tree)
-    validate_tree(paths, num_heads=heads.num_heads)
-    proposer = MedusaProposer(heads, paths)
+    memory = pair_memory(model, heads, cache_costs)
+    if tree == "auto":
+        paths = [path for path in resolve_tree(DEFAULT_TREE) if len(path) <= heads.num_heads]
+    else:
+        paths = resolve_tree(tree)
+        validate_tree(paths, num_heads=heads.num_heads)
+    if memory.head_accuracy is None:
+        memory.head_accuracy = HeadAccuracy(heads.num_heads)
+    proposer = MedusaProposer(heads, paths, memory.head_accuracy)
+    schedule = AutoTree(memory.costs, memory.head_accuracy, proposer.paths) if tree == "auto" else len(paths)
     padding_mask = padding_mask_of(model_kwargs)
     return speculative_generate(
         model,
         input_ids,
         proposer,
-        proposer.buffers.max_depth,
+        schedule,
         logits_processor,
         stopping_criteria,
         generation_config,

@@ -44,6 +44,7 @@ class MedusaHeads(nn.Module):
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.num_heads, self.num_layers = num_heads, num_layers
         self.base_model_name_or_path = base_model_name_or_path
+        self.name_or_path: str | None = None  # where the weights were loaded from, if they were
         self.heads = nn.ModuleList(
             nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, vocab_size, bias=False))
             for _ in range(num_heads)

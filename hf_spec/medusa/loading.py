@@ -45,6 +45,7 @@ def load_medusa_heads(name_or_path: str | os.PathLike, *, base_model=None, revis
             raise ValueError(f"{name_or_path} has no Medusa heads: expected {SAFETENSORS_NAME} or {PT_NAME} (Medusa-1) "
                              f"or model shards with {MEDUSA2_PREFIX}* tensors (Medusa-2).")
     heads = heads_from_state_dict(state, config, base_model)
+    heads.name_or_path = str(name_or_path)
     if base_model is not None:
         device, dtype = device or base_model.device, dtype or base_model.dtype
     return heads.to(device=device, dtype=dtype).eval()

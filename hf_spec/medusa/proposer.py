@@ -5,7 +5,8 @@ import torch
 from transformers import LogitsProcessorList
 
 from ..proposer import Proposal
-from ..trees import TreeBuffers, build_tree_buffers
+from ..trees import TreeBuffers, build_tree_buffers, prefix_closed_order
+from .accuracy import HeadAccuracy
 from .heads import MedusaHeads
 
 
@@ -15,30 +16,51 @@ class MedusaProposer:
     The hidden state comes from the target's previous forward pass at the last cached position t, so head
     i predicts x[t + i + 2], the tokens after the committed bonus token x[t + 1]. Candidates are the
     heads' raw top-k (the tree is deterministic); the user's logits processors act on the target's side
-    of verification, which is what keeps the output lossless.
+    of verification, which is what keeps the output lossless. A step may verify a prefix of the tree (the
+    nodes in the order given, when every prefix is a tree; else by depth then rank), and every step's
+    guesses are counted in ``accuracy`` once the tokens they guessed have come.
     """
 
     name = "medusa"
     wants_hidden_states = True
 
-    def __init__(self, heads: MedusaHeads, tree: list[tuple[int, ...]]):
+    def __init__(self, heads: MedusaHeads, tree: list[tuple[int, ...]], accuracy: HeadAccuracy | None = None):
         self.heads = heads
-        self.buffers: TreeBuffers = build_tree_buffers(tree)
-        self.top_k = self.buffers.top_k_per_head()
-        # smaller trees for when max_length leaves little room: the nodes at depth <= d
-        self._by_depth = {d: build_tree_buffers([p for p in tree if len(p) <= d]) for d in range(1, self.buffers.max_depth)}
+        self.paths = prefix_closed_order(tree)
+        self.buffers: TreeBuffers = build_tree_buffers(self.paths)
+        self._subtrees = {(len(self.paths), self.buffers.max_depth): self.buffers}
+        self.accuracy = accuracy or HeadAccuracy(heads.num_heads)
         self.hidden: torch.Tensor | None = None
+        self._guesses: tuple[int, torch.LongTensor] | None = None  # (sequence length, ranked candidates)
 
     def propose(self, sequence: torch.LongTensor, num_tokens: int, logits_processor: LogitsProcessorList,
-                do_sample: bool) -> Proposal:
-        depth = min(num_tokens, self.buffers.max_depth)
-        if self.hidden is None or depth == 0:
+                do_sample: bool, max_depth: int) -> Proposal:
+        """The first ``num_tokens`` nodes of the tree (all of them when num_tokens >= the tree's size), those
+        at most ``max_depth`` deep."""
+        self._judge_last_guesses(sequence)
+        size, depth = min(num_tokens, len(self.paths)), min(max_depth, self.buffers.max_depth)
+        if self.hidden is None or size == 0 or depth == 0:
             return Proposal(tokens=sequence.new_empty(1, 0))
-        buffers = self.buffers if depth == self.buffers.max_depth else self._by_depth[depth]
-        head_logits = self.head_logits(sequence)[: buffers.max_depth]  # [depth, vocab]
-        candidates = head_logits.topk(max(self.top_k), dim=-1).indices  # [depth, top_k]: row d = head d's ranking
-        tokens = candidates[buffers.depths[1:] - 1, buffers.ranks].to(sequence.device)  # node (.., r) at depth d
+        buffers = self._subtree(size, depth)
+        head_logits = self.head_logits(sequence)  # [num_heads, vocab]
+        top_k = min(max(self.accuracy.top_k, *buffers.top_k_per_head()), head_logits.shape[-1])
+        ranked = head_logits.topk(top_k, dim=-1).indices
+        self._guesses = (sequence.shape[1], ranked)  # row d: head d's candidates, best first
+        tokens = ranked[buffers.depths[1:] - 1, buffers.ranks].to(sequence.device)  # node (.., r) at depth d
         return Proposal(tokens=tokens.unsqueeze(0), tree=buffers)
+
+    def _subtree(self, size: int, depth: int) -> TreeBuffers:
+        """The first ``size`` nodes that are at most ``depth`` deep."""
+        if (size, depth) not in self._subtrees:
+            self._subtrees[size, depth] = build_tree_buffers([p for p in self.paths[:size] if len(p) <= depth])
+        return self._subtrees[size, depth]
+
+    def _judge_last_guesses(self, sequence: torch.LongTensor) -> None:
+        """Count the last step's guesses against the tokens that came (head d's target is the d-th)."""
+        if self._guesses is not None:
+            length, ranked = self._guesses
+            self.accuracy.observe(ranked, sequence[0, length:].to(ranked.device))
+            self._guesses = None
 
     def head_logits(self, sequence: torch.LongTensor) -> torch.Tensor:
         """[num_heads, vocab]: head i's logits for the token i + 1 places after ``sequence`` [1, S]."""
