@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--draft-quantization", choices=["4bit", "8bit"],
                        help="also run the draft quantized by bitsandbytes (rows draft-4bit@k / draft-8bit@k)")
     bench.add_argument("--medusa-heads", help="Medusa heads (Hub id or path), for the medusa mode")
-    bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63) or a JSON list of paths")
+    bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63), \"auto\", a JSON list of paths or a .json file of one (train-medusa writes tree.json)")
     bench.add_argument("--modes", default="vanilla,assisted,draft", help="any of vanilla, assisted, draft, auto, stepwise, medusa")
     bench.add_argument("--k", default="3,5,8", help="speculative tokens, comma-separated")
     bench.add_argument("--questions", help="Spec-Bench jsonl (default: ../shared/data/spec_bench_questions.jsonl)")
@@ -53,12 +53,56 @@ def main(argv: list[str] | None = None) -> int:
     planner.add_argument("--batch-size", type=int, default=1)
     planner.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
 
+    train = commands.add_parser("train-medusa", help="train Medusa heads on a frozen model by self-distillation")
+    train.add_argument("--model", required=True, help="base model (Hub id or path)")
+    train.add_argument("--output", required=True, help="folder for the heads, checkpoint, cache and evaluation")
+    train.add_argument("--data", help="prompts: Spec-Bench style jsonl, jsonl with text/prompt, or a text file "
+                                      "(default: ../shared/data/spec_bench_questions.jsonl)")
+    train.add_argument("--num-heads", type=int, default=4)
+    train.add_argument("--num-layers", type=int, default=1)
+    train.add_argument("--own-lm-heads", action="store_true",
+                       help="train a final Linear per head (upstream layout) instead of sharing the base lm_head")
+    train.add_argument("--epochs", type=int, default=2)
+    train.add_argument("--batch-size", type=int, default=64)
+    train.add_argument("--learning-rate", type=float, default=1e-3)
+    train.add_argument("--loss-decay", type=float, default=0.8, help="head i's loss weight is DECAY ** i")
+    train.add_argument("--max-new-tokens", type=int, default=128, help="self-distilled continuation length")
+    train.add_argument("--generation-batch-size", type=int, default=8)
+    train.add_argument("--do-sample", action="store_true", help="sampled continuations instead of greedy")
+    train.add_argument("--eval-every", type=int, default=5, help="question_id %% N == 0 is held out")
+    train.add_argument("--limit", type=int, help="at most this many training prompts")
+    train.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt")
+
+    export = commands.add_parser("export-medusa", help="shared-lm_head heads -> the upstream Medusa-1 layout")
+    export.add_argument("--heads", required=True)
+    export.add_argument("--model", required=True, help="the base model whose lm_head the heads share")
+    export.add_argument("--output", required=True)
+
     simulate = commands.add_parser("simulate", help="auto's choice of k against fixed k on measured cost curves")
     simulate.add_argument("--curves", default="cpu,gpu-flat")
     simulate.add_argument("--alphas", default="0.2,0.5,0.8,0.95")
     simulate.add_argument("--tokens", type=int, default=2000)
 
     args = parser.parse_args(argv)
+    if args.command == "train-medusa":
+        from .medusa.train import TrainConfig, train_medusa
+
+        config = TrainConfig(num_heads=args.num_heads, num_layers=args.num_layers, shared_lm_head=not args.own_lm_heads,
+                             epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
+                             loss_decay=args.loss_decay)
+        train_medusa(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
+                     max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
+                     do_sample=args.do_sample, limit=args.limit, resume=args.resume)
+        return 0
+    if args.command == "export-medusa":
+        from transformers import AutoModelForCausalLM
+
+        from .medusa import load_medusa_heads
+
+        model = AutoModelForCausalLM.from_pretrained(args.model)
+        load_medusa_heads(args.heads, base_model=model).with_own_lm_heads().save_pretrained(args.output)
+        print(f"wrote the upstream Medusa-1 layout to {args.output}")
+        return 0
     if args.command == "simulate":
         from .bench.simulate import main as simulate_main
 

@@ -140,7 +140,7 @@ def speculative_generate(
         scores = process_block(logits_processor, sequence, proposal.tokens, proposal.parents, logits)
         accepted, bonus = acceptance(proposal, scores)
         rows = [0, *accepted]  # the score row of each new token is its parent's block index
-        stats.record_step(_proposed_depth(proposal, accepted), len(accepted))
+        stats.record_step(_proposed_depth(proposal, accepted), len(accepted), proposal.num_tokens)
         schedule.observe(proposal.num_tokens, len(accepted), stats.propose_s - spent[0], stats.verify_s - spent[1],
                          scores[rows].float().softmax(-1).amax(-1).tolist())
         target.keep_path(committed, committed - 1, accepted, acceptance.verifier.compact_layer)

@@ -244,6 +244,19 @@ class AutoLength(DraftLength):
             self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
 
 
+def tree_rate(expected: list[float], costs: CostEstimates, n: int) -> float:
+    """Expected tokens per second verifying the first n nodes of a nested tree family, expected[n] tokens per
+    step: expected[n] / (H + V(n + 1)) with H the proposer's time per step; n = 0 is plain decoding, 1 / V(1)."""
+    if n == 0:
+        return 1.0 / costs.verify_cost(1)
+    return expected[n] / ((costs.propose_step or 0.0) + costs.verify_cost(n + 1))
+
+
+def best_tree_size(expected: list[float], costs: CostEstimates, smallest: int = 0) -> int:
+    """The prefix size (0 = plain decoding) with the highest ``tree_rate``."""
+    return max(range(smallest, len(expected)), key=lambda n: tree_rate(expected, costs, n))
+
+
 class AutoTree(DraftLength):
     """``tree="auto"`` for Medusa: how many nodes of a nested family to verify each step.
 
@@ -261,16 +274,8 @@ class AutoTree(DraftLength):
         self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
         self.probe_every, self.plain_streak = probe_every, 0
 
-    def expected_rate(self, n: int, expected: list[float] | None = None) -> float:
-        """Expected tokens per second verifying the first n nodes (n = 0: plain decoding)."""
-        if n == 0:
-            return 1.0 / self.costs.verify_cost(1)
-        expected = expected or self.accuracy.expected_tokens(self.paths[:n])
-        return expected[n] / (self.costs.propose_step + self.costs.verify_cost(n + 1))
-
     def best_size(self, smallest: int = 0) -> int:
-        expected = self.accuracy.expected_tokens(self.paths)
-        return max(range(smallest, len(self.paths) + 1), key=lambda n: self.expected_rate(n, expected))
+        return best_tree_size(self.accuracy.expected_tokens(self.paths), self.costs, smallest)
 
     def next(self) -> int:
         if 1 not in self.costs.verify:
@@ -282,8 +287,8 @@ class AutoTree(DraftLength):
             self.plain_streak, self.probe_every = 0, self.min_probe_every
             return n
         self.plain_streak += 1
-        if self.plain_streak % self.probe_every == 0:
-            self.probe_every = min(2 * self.probe_every, self.max_probe_every)
+        if self.plain_streak == self.probe_every:
+            self.plain_streak, self.probe_every = 0, min(2 * self.probe_every, self.max_probe_every)
             return self.best_size(smallest=1)
         return 0
 

@@ -34,7 +34,7 @@ class SpecStats:
     # proposed_by_position[i] / accepted_by_position[i]: the (i+1)-th proposal of a step
     proposed_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
-    # the number of proposed tokens (k) used at each step, in order
+    # the size proposed at each step, in order: k for a chain, the number of nodes for a tree
     k_per_step: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     propose_s: float = 0.0
@@ -76,13 +76,14 @@ class SpecStats:
         decode_s = self.total_s - self.prefill_s
         return self.new_tokens / decode_s if decode_s > 0 else 0.0
 
-    def record_step(self, num_proposed: int, num_accepted: int) -> None:
-        """Count one verification step whose proposal of ``num_proposed`` kept ``num_accepted``."""
+    def record_step(self, num_proposed: int, num_accepted: int, size: int | None = None) -> None:
+        """Count one verification step whose proposal of ``num_proposed`` (a tree: the depth of the chosen path)
+        kept ``num_accepted``; ``size``: the number of tokens proposed, when that differs (a tree's nodes)."""
         self.steps += 1
         self.proposed += num_proposed
         self.accepted += num_accepted
         self.bonus += 1
-        self.k_per_step.append(num_proposed)
+        self.k_per_step.append(num_proposed if size is None else size)
         missing = num_proposed - len(self.proposed_by_position)
         if missing > 0:
             self.proposed_by_position.extend([0] * missing)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -33,7 +34,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     if "medusa" in names:
         if contenders.medusa_heads is None:
             raise ValueError("The medusa mode needs Medusa heads (--medusa-heads).")
-        tree_nodes = build_tree_buffers(resolve_tree(contenders.tree)).num_nodes
+        if contenders.tree != "auto":
+            tree_nodes = build_tree_buffers(resolve_tree(contenders.tree)).num_nodes
     generation_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
     if do_sample:
         generation_kwargs["temperature"] = temperature
@@ -69,7 +71,9 @@ def main(args) -> int:
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
     draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).eval() if args.draft else None
     heads = load_medusa_heads(args.medusa_heads, base_model=target) if args.medusa_heads else None
-    tree = json.loads(args.tree) if args.tree and args.tree.startswith("[") else args.tree
+    tree = args.tree
+    if tree and (tree.startswith("[") or tree.endswith(".json")):  # a list of paths, inline or in a file
+        tree = json.loads(Path(tree).read_text() if tree.endswith(".json") else tree)
     quantized = None
     if args.draft_quantization:
         quantized = resolve_draft(args.draft, target, draft_quantization=args.draft_quantization)

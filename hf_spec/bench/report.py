@@ -49,7 +49,7 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
         if costs is None or not mode.startswith(("draft@", "medusa")):  # fixed k or tree only; the calibration
             predicted = None  # times the full-precision draft
         elif mode == "medusa":
-            predicted = predicted_tree_speedup(costs, tokens_per_step, tree_nodes, new_tokens)
+            predicted = tree_nodes and predicted_tree_speedup(costs, tokens_per_step, tree_nodes, new_tokens)
         else:
             predicted = predicted_speedup(costs, survival, new_tokens)
         row.update(
@@ -107,8 +107,10 @@ def format_table(rows: list[dict], category: str = "all") -> str:
 def format_report(rows: list[dict], costs: Costs | None) -> str:
     parts = [format_table(rows)]
     for row in rows:
-        if row["category"] == "all" and row.get("k_histogram") and row["mode"].startswith(("auto", "stepwise")):
-            parts.append(f"{row['mode']}: k chosen per step {row['k_histogram']}")
+        histogram = row.get("k_histogram") if row["category"] == "all" else None
+        if histogram and (row["mode"].startswith(("auto", "stepwise")) or len(histogram) > 1):
+            chosen = "tree nodes" if row["mode"] == "medusa" else "k"
+            parts.append(f"{row['mode']}: {chosen} chosen per step {histogram}")
     noise = next((r for r in rows if r["mode"] == "vanilla-again" and r["category"] == "all"), None)
     if noise:
         parts.append(f"noise floor: vanilla against itself {noise['speedup']:.3f}x "

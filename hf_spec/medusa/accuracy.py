@@ -50,10 +50,10 @@ class HeadAccuracy:
             self.update(head, int(hit[0, 0]) if len(hit) else None)
 
     def rate(self, head: int, rank: int) -> float:
-        return float(self.hits[head, rank] / self.trials[head])
+        return float(self.hits[head, rank] / self.trials[head]) if self.trials[head] > 0 else 0.0
 
     def top_k_accuracy(self, head: int, k: int) -> float:
-        return float(self.hits[head, :k].sum() / self.trials[head])
+        return float(self.hits[head, :k].sum() / self.trials[head]) if self.trials[head] > 0 else 0.0
 
     def path_probability(self, path: tuple[int, ...]) -> float:
         probability = 1.0

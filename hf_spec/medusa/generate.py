@@ -13,7 +13,7 @@ from ..schedule import AutoTree, pair_memory
 from ..trees import DEFAULT_TREE, resolve_tree, validate_tree
 from .accuracy import HeadAccuracy
 from .heads import MedusaHeads
-from .loading import _check_fits, load_medusa_heads
+from .loading import load_medusa_heads
 from .proposer import MedusaProposer
 
 
@@ -23,8 +23,7 @@ def resolve_heads(medusa_heads, model, revision=None, token=None) -> MedusaHeads
     if isinstance(medusa_heads, (str, os.PathLike)):
         return load_medusa_heads(medusa_heads, base_model=model, revision=revision, token=token)
     if isinstance(medusa_heads, MedusaHeads):
-        _check_fits(medusa_heads.hidden_size, medusa_heads.vocab_size, model)
-        return medusa_heads.to(model.device)
+        return medusa_heads.to(model.device).attach(model)
     raise TypeError(f"medusa_heads must be a Hub id, a path or MedusaHeads; got {type(medusa_heads).__name__}.")
 
 

@@ -7,6 +7,11 @@ x[t + 1]). Each head is ``Sequential(ResBlock x L, Linear(hidden, vocab, bias=Fa
 ``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path`` and the state dict with keys
 ``{i}.{j}.linear.weight``, ``{i}.{j}.linear.bias``, ``{i}.{L}.weight`` as ``medusa_lm_head.safetensors``
 and ``medusa_lm_head.pt`` (what upstream's loader reads).
+
+The shared layout (``shared_lm_head=True``, cheap to train on a CPU) leaves out each head's final Linear and
+reuses the base model's ``lm_head`` instead: the state dict holds the ResBlocks only and ``config.json`` says
+``"medusa_shared_lm_head": true``; ``with_own_lm_heads()`` copies the base lm_head into every head, giving the
+upstream layout that upstream tools load.
 """
 from __future__ import annotations
 
@@ -39,27 +44,67 @@ class MedusaHeads(nn.Module):
     """``num_heads`` heads of ``num_layers`` ResBlocks each, on a base model with ``hidden_size`` and ``vocab_size``."""
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 5, num_layers: int = 1,
-                 base_model_name_or_path: str | None = None):
+                 base_model_name_or_path: str | None = None, shared_lm_head: bool = False):
         super().__init__()
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.num_heads, self.num_layers = num_heads, num_layers
         self.base_model_name_or_path = base_model_name_or_path
+        self.shared_lm_head = shared_lm_head
         self.name_or_path: str | None = None  # where the weights were loaded from, if they were
+        self._base_lm_head: list[nn.Module] = []  # shared layout: the base model's lm_head (not in the state dict)
+        final = [] if shared_lm_head else [nn.Linear(hidden_size, vocab_size, bias=False)]
         self.heads = nn.ModuleList(
-            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, vocab_size, bias=False))
-            for _ in range(num_heads)
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], *final) for _ in range(num_heads)
         )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def attach(self, model) -> "MedusaHeads":
+        """Shared layout: use ``model``'s lm_head as every head's final layer (checked to fit)."""
+        from .loading import _check_fits
+
+        _check_fits(self.hidden_size, self.vocab_size, model)
+        if self.shared_lm_head:
+            self._base_lm_head[:] = [model.get_output_embeddings()]
+        return self
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [..., hidden_size] -> logits [num_heads, ..., vocab_size]."""
-        return torch.stack([head(hidden) for head in self.heads])
+        out = torch.stack([head(hidden) for head in self.heads])
+        if not self.shared_lm_head:
+            return out
+        if not self._base_lm_head:
+            raise RuntimeError("These Medusa heads share the base model's lm_head: call heads.attach(model) first "
+                               "(or load them with base_model=).")
+        lm_head = self._base_lm_head[0]
+        return lm_head(out.to(lm_head.weight.dtype))
 
     @classmethod
-    def for_model(cls, model, num_heads: int = 5, num_layers: int = 1) -> "MedusaHeads":
+    def for_model(cls, model, num_heads: int = 5, num_layers: int = 1, shared_lm_head: bool = False) -> "MedusaHeads":
         """Randomly initialised heads that fit ``model`` (its hidden size, vocabulary, device and dtype)."""
         heads = cls(model.config.get_text_config().hidden_size, model.get_output_embeddings().weight.shape[0],
-                    num_heads, num_layers, getattr(model, "name_or_path", None))
-        return heads.to(device=model.device, dtype=model.dtype)
+                    num_heads, num_layers, getattr(model, "name_or_path", None), shared_lm_head)
+        return heads.to(device=model.device, dtype=model.dtype).attach(model)
+
+    def with_own_lm_heads(self) -> "MedusaHeads":
+        """The upstream layout of shared-layout heads: each head gets a copy of the base lm_head."""
+        if not self.shared_lm_head:
+            return self
+        if not self._base_lm_head:
+            raise RuntimeError("Attach the base model first (heads.attach(model)): its lm_head is what gets copied.")
+        lm_head = self._base_lm_head[0]
+        if getattr(lm_head, "bias", None) is not None:
+            raise ValueError("The base lm_head has a bias; the upstream Medusa layout has none, so it cannot hold it.")
+        full = MedusaHeads(self.hidden_size, self.vocab_size, self.num_heads, self.num_layers,
+                           self.base_model_name_or_path)
+        full.to(device=lm_head.weight.device, dtype=self.dtype)
+        state = {f"heads.{key}": value for key, value in self.upstream_state_dict().items()}
+        for i in range(self.num_heads):
+            state[f"heads.{i}.{self.num_layers}.weight"] = lm_head.weight.detach().to(self.dtype)
+        full.load_state_dict(state, strict=True)
+        return full
 
     def upstream_state_dict(self) -> dict[str, torch.Tensor]:
         """The state dict under upstream's key names (``{i}.{j}.linear.weight`` ...)."""
@@ -67,9 +112,12 @@ class MedusaHeads(nn.Module):
                 for key, value in self.state_dict().items()}
 
     def config_dict(self) -> dict:
-        return {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
-                "base_model_name_or_path": self.base_model_name_or_path,
-                "hidden_size": self.hidden_size, "vocab_size": self.vocab_size}
+        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
+                  "base_model_name_or_path": self.base_model_name_or_path,
+                  "hidden_size": self.hidden_size, "vocab_size": self.vocab_size}
+        if self.shared_lm_head:
+            config["medusa_shared_lm_head"] = True
+        return config
 
     def save_pretrained(self, save_directory: str | os.PathLike, write_pt: bool = True) -> None:
         """Write the Medusa-1 layout; ``write_pt`` adds the ``.pt`` file upstream's loader reads."""

@@ -59,17 +59,31 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], config: dict, base_mod
         raise ValueError(f"Unexpected keys in the Medusa heads: {unexpected[:8]}. Expected '{{head}}.{{layer}}.linear."
                          "weight|bias' and '{head}.{num_layers}.weight'.")
     num_heads = 1 + max(int(m.group(1)) for m in parsed.values())
-    num_layers = max(int(m.group(2)) for m in parsed.values())  # the final Linear sits at index num_layers
     stated = config.get("medusa_num_heads")
     if stated is not None and stated > num_heads:
         raise ValueError(f"config.json states {stated} Medusa heads but the weights hold {num_heads}.")
-    final = state[f"0.{num_layers}.weight"] if f"0.{num_layers}.weight" in state else None
-    if final is None:
-        raise ValueError(f"Missing key '0.{num_layers}.weight' (head 0's final Linear).")
-    vocab_size, hidden_size = final.shape
+    shared = bool(config.get("medusa_shared_lm_head", False))
+    has_final = any(m.group(3) == "weight" for m in parsed.values())
+    if shared and has_final:
+        raise ValueError("config.json says medusa_shared_lm_head, yet the weights hold the heads' final Linear "
+                         "layers: remove the flag, or the '{head}.{num_layers}.weight' tensors.")
+    if shared:
+        num_layers = 1 + max(int(m.group(2)) for m in parsed.values())
+        if base_model is None:
+            raise ValueError("These heads share the base model's lm_head (medusa_shared_lm_head): load them with "
+                             "base_model=.")
+        hidden_size = state["0.0.linear.weight"].shape[1] if "0.0.linear.weight" in state else -1
+        vocab_size = base_model.get_output_embeddings().weight.shape[0]
+    else:
+        num_layers = max(int(m.group(2)) for m in parsed.values())  # the final Linear sits at index num_layers
+        final = state.get(f"0.{num_layers}.weight")
+        if final is None:
+            raise ValueError(f"Missing key '0.{num_layers}.weight' (head 0's final Linear). Heads saved without "
+                             'their final Linear must say so in config.json with "medusa_shared_lm_head": true.')
+        vocab_size, hidden_size = final.shape
     if base_model is not None:
         _check_fits(hidden_size, vocab_size, base_model)
-    heads = MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, config.get("base_model_name_or_path"))
+    heads = MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, config.get("base_model_name_or_path"), shared)
     expected = heads.upstream_state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:
@@ -79,7 +93,7 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], config: dict, base_mod
     if wrong:
         raise ValueError(f"Medusa head tensors with the wrong shape: {wrong[:4]}.")
     heads.load_state_dict({f"heads.{key}": value for key, value in state.items()}, strict=True)
-    return heads
+    return heads.attach(base_model) if base_model is not None else heads
 
 
 def _check_fits(hidden_size: int, vocab_size: int, base_model) -> None:

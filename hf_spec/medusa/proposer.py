@@ -65,7 +65,7 @@ class MedusaProposer:
     def head_logits(self, sequence: torch.LongTensor) -> torch.Tensor:
         """[num_heads, vocab]: head i's logits for the token i + 1 places after ``sequence`` [1, S]."""
         with torch.no_grad():
-            return self.heads(self.hidden.to(self.heads.heads[0][-1].weight.dtype))
+            return self.heads(self.hidden.to(self.heads.dtype))
 
     def advance(self, keep: int, target_hidden: torch.Tensor | None) -> None:
         self.hidden = target_hidden

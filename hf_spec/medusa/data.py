@@ -1,0 +1,160 @@
+"""Training data for Medusa heads by self-distillation: the base model's own continuations of prompts.
+
+Heads learn what the model will say, not what a dataset says: each prompt is continued by the frozen base
+model (greedy, or sampled), and the last hidden states along prompt + continuation are computed once and
+kept (``HiddenStates``), so epochs cost the heads' forward and backward only. Head i (0-based) at
+position t learns token t + i + 2; only continuation tokens are targets.
+
+Prompts come from a Spec-Bench style jsonl (``question_id``, ``category``, ``turns``: the first turn), a jsonl
+with a ``text`` or ``prompt`` field, or a text file (one prompt a line). ``split_train_eval`` splits them by
+question id into disjoint sets.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    question_id: str
+    text: str
+
+
+def load_text_prompts(path: str | Path) -> list[TextPrompt]:
+    path = Path(path)
+    prompts = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            row = json.loads(line)
+            text = row["turns"][0] if "turns" in row else row.get("text", row.get("prompt"))
+            if text is None:
+                raise ValueError(f"{path}:{i + 1} has none of 'turns', 'text', 'prompt'.")
+            prompts.append(TextPrompt(str(row.get("question_id", i)), text))
+        else:
+            prompts.append(TextPrompt(str(i), line))
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts.")
+    return prompts
+
+
+def split_train_eval(prompts: list[TextPrompt], eval_every: int = 5) -> tuple[list[TextPrompt], list[TextPrompt]]:
+    """Disjoint sets by question id: a numeric id divisible by ``eval_every`` goes to evaluation (else the
+    position in the file does), so the split never depends on what else the file holds."""
+    def held_out(index: int, prompt: TextPrompt) -> bool:
+        key = int(prompt.question_id) if prompt.question_id.isdigit() else index
+        return key % eval_every == 0
+
+    train = [p for i, p in enumerate(prompts) if not held_out(i, p)]
+    evaluation = [p for i, p in enumerate(prompts) if held_out(i, p)]
+    return train, evaluation
+
+
+def write_prompts(prompts: list[TextPrompt], source: str | Path, path: str | Path) -> None:
+    """The rows of ``source`` whose ids are in ``prompts``, as a jsonl ``hf-spec bench --questions`` reads."""
+    ids = {p.question_id for p in prompts}
+    source = Path(source)
+    if source.suffix == ".jsonl":
+        rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+        rows = [r for i, r in enumerate(rows) if str(r.get("question_id", i)) in ids]
+    else:
+        rows = [{"question_id": p.question_id, "category": "text", "turns": [p.text]} for p in prompts]
+    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """The prompt as the model is asked it: a chat turn when the tokenizer has a template."""
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"]
+    return tokenizer(text)["input_ids"]
+
+
+def self_distill(model, tokenizer, prompts: list[TextPrompt], max_new_tokens: int = 128, batch_size: int = 8,
+                 do_sample: bool = False, max_prompt_tokens: int = 512, progress: bool = True
+                 ) -> list[tuple[list[int], int]]:
+    """(prompt + continuation token ids, prompt length) for each prompt, continued by ``model`` in batches of
+    left-padded prompts; a continuation ends at the model's eos (kept) or after ``max_new_tokens``."""
+    encoded = [encode_prompt(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    results: dict[int, tuple[list[int], int]] = {}
+    bar = tqdm(total=len(order), desc="self-distillation", unit="prompt", disable=not progress)
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        width = max(len(encoded[i]) for i in batch)
+        ids = torch.tensor([[pad] * (width - len(encoded[i])) + encoded[i] for i in batch], device=model.device)
+        mask = torch.tensor([[0] * (width - len(encoded[i])) + [1] * len(encoded[i]) for i in batch],
+                            device=model.device)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                 do_sample=do_sample, pad_token_id=pad)
+        for row, i in enumerate(batch):
+            continuation = out[row, width:].tolist()
+            end = next((j + 1 for j, token in enumerate(continuation) if token in eos), len(continuation))
+            results[i] = (encoded[i] + continuation[:end], len(encoded[i]))
+        bar.update(len(batch))
+    bar.close()
+    return [results[i] for i in range(len(encoded))]
+
+
+@dataclass
+class HiddenStates:
+    """The base model's last hidden state at every position that has a target, and the targets.
+
+    hidden: [N, hidden_size]; targets: [N, num_heads], targets[n, i] the token i + 2 places after position n
+    (``IGNORE`` where that is past the end or not a continuation token).
+    """
+
+    hidden: torch.Tensor
+    targets: torch.LongTensor
+
+    def save(self, path: str | Path) -> None:
+        torch.save({"hidden": self.hidden, "targets": self.targets}, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HiddenStates":
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return cls(state["hidden"], state["targets"])
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+
+def targets_for(tokens: list[int], prompt_length: int, num_heads: int) -> tuple[list[int], torch.LongTensor]:
+    """Positions t (from the last prompt token on) with at least one target, and their targets [n, num_heads]:
+    head i's is tokens[t + i + 2], a continuation token by construction."""
+    positions = list(range(prompt_length - 1, len(tokens) - 2))
+    targets = torch.full((len(positions), num_heads), IGNORE, dtype=torch.long)
+    for row, t in enumerate(positions):
+        for i in range(num_heads):
+            if t + i + 2 < len(tokens):
+                targets[row, i] = tokens[t + i + 2]
+    return positions, targets
+
+
+def collect_hidden_states(model, sequences: list[tuple[list[int], int]], num_heads: int,
+                          dtype: torch.dtype = torch.float32, progress: bool = True) -> HiddenStates:
+    """Run the frozen base model once over each sequence and keep the last hidden states with targets."""
+    hidden, targets = [], []
+    for tokens, prompt_length in tqdm(sequences, desc="hidden states", unit="seq", disable=not progress):
+        positions, rows = targets_for(tokens, prompt_length, num_heads)
+        if not positions:
+            continue
+        with torch.no_grad():
+            out = model(torch.tensor([tokens], device=model.device), output_hidden_states=True, use_cache=False)
+        hidden.append(out.hidden_states[-1][0, positions].to("cpu", dtype))
+        targets.append(rows)
+    if not hidden:
+        raise ValueError("No training positions: the continuations are too short (raise max_new_tokens).")
+    return HiddenStates(torch.cat(hidden), torch.cat(targets))

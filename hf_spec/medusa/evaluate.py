@@ -1,0 +1,154 @@
+"""How good are trained heads, and which tree should this machine verify?
+
+- per-head top-1 and top-5 accuracy on held-out hidden states (the table the Medusa paper publishes);
+- tokens per step a tree should give, two ways: Medusa's product of per-head accuracies (heads taken as
+  independent, ``HeadAccuracy.expected_tokens``), and replayed: at every held-out position, the deepest
+  tree node whose every guess matches the tokens that came, which is what a greedy step starting there
+  accepts (heads are not independent: a right head 0 makes a right head 1 likelier);
+- the tree for the hardware: among the prefixes of the default tree, the one that maximises expected
+  tokens per second E(n) / (H + V(n + 1)) with the measured verify costs V and heads' time H — the cost
+  model of ``tree="auto"`` (``hf_spec.schedule.best_tree_size``).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..bench.calibrate import forward_seconds
+from ..schedule import CostEstimates, best_tree_size, tree_rate
+from ..trees import MC_SIM_7B_63, NAMED_TREES
+from .accuracy import HeadAccuracy
+from .data import IGNORE, HiddenStates
+from .heads import MedusaHeads
+
+NOT_IN_TOP_K, NO_TARGET = -1, -2
+
+
+def target_ranks(heads: MedusaHeads, data: HiddenStates, top_k: int = 10, batch_size: int = 64) -> torch.LongTensor:
+    """[N, num_heads]: the rank of each target among head i's top_k guesses (NOT_IN_TOP_K, or NO_TARGET)."""
+    device = next(heads.parameters()).device
+    ranks = []
+    with torch.no_grad():
+        for start in range(0, len(data), batch_size):
+            hidden = data.hidden[start : start + batch_size].to(device, heads.dtype)
+            targets = data.targets[start : start + batch_size].to(device)
+            guesses = heads(hidden).topk(top_k, dim=-1).indices  # [num_heads, n, top_k]
+            hit = guesses == targets.T.unsqueeze(-1)  # [num_heads, n, top_k]
+            rank = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(hit[..., 0], NOT_IN_TOP_K,
+                                                                                  dtype=torch.long))
+            rank = torch.where(targets.T == IGNORE, NO_TARGET, rank)
+            ranks.append(rank.T.cpu())
+    return torch.cat(ranks)
+
+
+def accuracy_from_ranks(ranks: torch.LongTensor, top_k: int = 10) -> HeadAccuracy:
+    accuracy = HeadAccuracy(ranks.shape[1], top_k=top_k, prior_weight=0.0, memory=float("inf"))
+    for head in range(ranks.shape[1]):
+        judged = ranks[:, head][ranks[:, head] != NO_TARGET]
+        accuracy.trials[head] = float(len(judged))
+        for rank in range(top_k):
+            accuracy.hits[head, rank] = float((judged == rank).sum())
+    return accuracy
+
+
+def replayed_tokens_per_step(ranks: torch.LongTensor, paths: list[tuple[int, ...]]) -> list[float]:
+    """E(n) for every prefix n = 0..len(paths): 1 + the mean depth of the deepest node, among the first n,
+    whose every guess was right. Positions near a continuation's end (some head without a target) are left out."""
+    complete = ranks[(ranks[:, : max(len(p) for p in paths)] != NO_TARGET).all(1)]
+    right = torch.zeros(len(complete), len(paths), dtype=torch.bool)
+    for j, path in enumerate(paths):
+        node = torch.ones(len(complete), dtype=torch.bool)
+        for head, rank in enumerate(path):
+            node &= complete[:, head] == rank
+        right[:, j] = node
+    depth = torch.tensor([len(p) for p in paths])
+    expected = [1.0]
+    for n in range(1, len(paths) + 1):
+        accepted = (right[:, :n] * depth[:n]).amax(1).float()
+        expected.append(1.0 + float(accepted.mean()) if len(complete) else 1.0)
+    return expected
+
+
+def heads_seconds(heads: MedusaHeads, repeats: int = 5) -> float:
+    """The heads' time for one step (one hidden state in, every head's logits and top-k out)."""
+    device = next(heads.parameters()).device
+    hidden = torch.randn(heads.hidden_size, device=device, dtype=heads.dtype)
+    times = []
+    with torch.no_grad():
+        heads(hidden).topk(10, dim=-1)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            heads(hidden).topk(10, dim=-1)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_costs(model, heads: MedusaHeads, context: int, widths=(1, 2, 3, 5, 9, 17, 33, 64)) -> CostEstimates:
+    """V(w) for the widths a tree prefix may take, on a cache warm with ``context`` tokens, and H."""
+    return CostEstimates(verify={w: forward_seconds(model, context, w) for w in widths},
+                         propose_step=heads_seconds(heads))
+
+
+@dataclass
+class Evaluation:
+    accuracy: HeadAccuracy
+    paths: list[tuple[int, ...]] = field(default_factory=lambda: list(MC_SIM_7B_63))
+    replayed: list[float] = field(default_factory=list)  # E(n) by prefix size, replayed
+    costs: CostEstimates | None = None
+    chosen_size: int | None = None
+
+    @property
+    def independent(self) -> list[float]:
+        return self.accuracy.expected_tokens(self.paths)
+
+    def to_dict(self) -> dict:
+        heads = range(self.accuracy.num_heads)
+        return {"top1": [self.accuracy.top_k_accuracy(h, 1) for h in heads],
+                "top5": [self.accuracy.top_k_accuracy(h, 5) for h in heads],
+                "positions": [float(t) for t in self.accuracy.trials],
+                "tokens_per_step_replayed": {n: self.replayed[n] for n in _named_sizes(self.paths)},
+                "tokens_per_step_independent": {n: self.independent[n] for n in _named_sizes(self.paths)},
+                "verify_costs": self.costs.verify if self.costs else None,
+                "heads_seconds": self.costs.propose_step if self.costs else None,
+                "chosen_tree_nodes": self.chosen_size,
+                "chosen_tree": [list(p) for p in self.paths[: self.chosen_size]] if self.chosen_size else None}
+
+    def table(self) -> str:
+        heads = range(self.accuracy.num_heads)
+        lines = ["head      " + "".join(f"{h:>7}" for h in heads),
+                 "top-1     " + "".join(f"{self.accuracy.top_k_accuracy(h, 1):>7.2f}" for h in heads),
+                 "top-5     " + "".join(f"{self.accuracy.top_k_accuracy(h, 5):>7.2f}" for h in heads),
+                 f"({int(self.accuracy.trials[0])} held-out positions)", "",
+                 "tree nodes  tokens/step (replayed)  (independent heads)" + ("   predicted tok/s" if self.costs else "")]
+        for n in _named_sizes(self.paths):
+            rate = f"   {tree_rate(self.replayed, self.costs, n):>14.1f}" if self.costs else ""
+            lines.append(f"{n:>10}  {self.replayed[n]:>21.2f}  {self.independent[n]:>19.2f}{rate}")
+        if self.costs:
+            lines.append(f"{'plain':>10}  {1.0:>21.2f}  {1.0:>19.2f}   {tree_rate(self.replayed, self.costs, 0):>14.1f}")
+            best = self.chosen_size
+            lines.append(f"chosen for this machine: the first {best} nodes of the default tree "
+                         f"({self.replayed[best]:.2f} tokens/step)" if best else
+                         "chosen for this machine: plain decoding (no tree pays here)")
+        return "\n".join(lines)
+
+
+def _named_sizes(paths) -> list[int]:
+    sizes = sorted({len(t) for name, t in NAMED_TREES.items() if name.startswith(("tree_", "mc_sim"))})
+    return [n for n in sizes if n <= len(paths)]
+
+
+def evaluate_heads(heads: MedusaHeads, data: HiddenStates, model=None, context: int = 256,
+                   paths: list[tuple[int, ...]] | None = None) -> Evaluation:
+    """Accuracy table and tokens/step on ``data``; with ``model``, also the measured costs and the tree choice."""
+    paths = [p for p in (paths or MC_SIM_7B_63) if len(p) <= heads.num_heads]
+    ranks = target_ranks(heads, data)
+    evaluation = Evaluation(accuracy_from_ranks(ranks), paths, replayed_tokens_per_step(ranks, paths))
+    if model is not None:
+        evaluation.costs = measure_costs(model, heads, context)
+        evaluation.chosen_size = best_tree_size(evaluation.replayed, evaluation.costs)
+    return evaluation

@@ -1,0 +1,203 @@
+"""Train Medusa heads on a frozen base model: ``hf_spec.medusa.train.train_heads`` and ``hf-spec train-medusa``.
+
+    hf-spec train-medusa --model $HF_SPEC_MODELS/smollm2-135m-instruct --output heads/smollm2
+
+1. prompts (Spec-Bench questions by default) split by question id into training and evaluation sets;
+2. self-distillation: the base model continues every prompt (``hf_spec.medusa.data``);
+3. its last hidden states are computed once and cached in ``OUTPUT/cache/``;
+4. the heads train on the cached states: loss = sum_i decay^i x cross-entropy of head i (head i predicts
+   token t + i + 2); checkpoints in ``OUTPUT/checkpoint.pt`` every ``checkpoint_every`` steps and at the end
+   (``--resume`` continues from the step saved, on the same shuffled order);
+5. the heads are saved in the Medusa-1 layout (the shared-lm_head layout by default: ResBlocks only), then
+   evaluated on the held-out prompts (``hf_spec.medusa.evaluate``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .data import IGNORE, HiddenStates
+from .heads import MedusaHeads
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class TrainConfig:
+    num_heads: int = 4
+    num_layers: int = 1
+    shared_lm_head: bool = True
+    epochs: int = 2
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    loss_decay: float = 0.8  # head i's loss weight is loss_decay ** i (upstream Medusa-1 uses 0.8)
+    warmup_steps: int = 20
+    checkpoint_every: int = 200
+    seed: int = 0
+
+
+def head_losses(logits: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
+    """logits [num_heads, n, vocab], targets [n, num_heads] -> per-head mean cross-entropy [num_heads]."""
+    return torch.stack([nn.functional.cross_entropy(logits[i].float(), targets[:, i], ignore_index=IGNORE)
+                        if (targets[:, i] != IGNORE).any() else logits.new_zeros(())
+                        for i in range(logits.shape[0])])
+
+
+def head_top1(logits: torch.Tensor, targets: torch.LongTensor) -> list[float]:
+    """Per-head top-1 accuracy over the positions that have a target."""
+    accuracy = []
+    for i in range(logits.shape[0]):
+        valid = targets[:, i] != IGNORE
+        right = (logits[i].argmax(-1) == targets[:, i]) & valid
+        accuracy.append(float(right.sum() / valid.sum()) if valid.any() else 0.0)
+    return accuracy
+
+
+def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, output_dir: str | Path | None = None,
+                resume: bool = False, progress: bool = True, max_steps: int | None = None) -> list[dict]:
+    """Train ``heads`` (attached to their base model) on ``data``; returns the log (step, loss, top-1 per head).
+
+    With ``output_dir`` a checkpoint (heads, optimizer, step, log) is written every ``config.checkpoint_every``
+    steps and at the end; ``resume`` loads it and continues from its step on the same batch order.
+    ``max_steps`` stops early (for tests and budgets)."""
+    device = next(heads.parameters()).device
+    for lm_head in heads._base_lm_head:  # the base model stays frozen
+        lm_head.requires_grad_(False)
+    steps_per_epoch = math.ceil(len(data) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    optimizer = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=config.learning_rate,
+                                  weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _learning_rate_factor(s, config, total_steps))
+    weights = torch.tensor([config.loss_decay ** i for i in range(heads.num_heads)], device=device)
+    step, log = 0, []
+    checkpoint = Path(output_dir) / CHECKPOINT if output_dir is not None else None
+    if resume:
+        if checkpoint is None or not checkpoint.is_file():
+            raise FileNotFoundError(f"Nothing to resume: {checkpoint} does not exist.")
+        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        heads.load_state_dict(state["heads"], strict=True)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        step, log = state["step"], list(state["log"])
+    last = min(total_steps, max_steps) if max_steps is not None else total_steps
+    bar = tqdm(total=last, initial=step, desc="training heads", unit="step", disable=not progress)
+    heads.train()
+    while step < last:
+        epoch, index = divmod(step, steps_per_epoch)
+        order = torch.randperm(len(data), generator=torch.Generator().manual_seed(config.seed + epoch))
+        batch = order[index * config.batch_size : (index + 1) * config.batch_size]
+        hidden = data.hidden[batch].to(device, heads.dtype)
+        targets = data.targets[batch].to(device)
+        logits = heads(hidden)  # [num_heads, batch, vocab]
+        losses = head_losses(logits, targets)
+        loss = (weights * losses).sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        step += 1
+        entry = {"step": step, "loss": float(loss), "top1": head_top1(logits.detach(), targets)}
+        log.append(entry)
+        bar.update(1)
+        bar.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{a:.2f}" for a in entry["top1"]))
+        if checkpoint is not None and (step % config.checkpoint_every == 0 or step == last):
+            _save_checkpoint(checkpoint, heads, optimizer, schedule, step, log, config)
+    bar.close()
+    heads.eval()
+    return log
+
+
+def _spread(items: list, count: int) -> list:
+    """``count`` items taken evenly over ``items`` (all of them if there are no more)."""
+    if count >= len(items):
+        return items
+    return [items[i * len(items) // count] for i in range(count)]
+
+
+def _learning_rate_factor(step: int, config: TrainConfig, total_steps: int) -> float:
+    """Linear warm-up, then cosine decay to zero."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(total_steps - config.warmup_steps, 1)
+    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def _save_checkpoint(path: Path, heads, optimizer, schedule, step: int, log: list[dict], config: TrainConfig) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"heads": heads.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+             "step": step, "log": log, "config": asdict(config)}
+    partial = path.with_suffix(".tmp")
+    torch.save(state, partial)
+    partial.replace(path)  # a crash mid-write leaves the previous checkpoint intact
+
+
+def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: str | Path | None = None,
+                 config: TrainConfig | None = None, eval_every: int = 5, max_new_tokens: int = 128,
+                 generation_batch_size: int = 8, do_sample: bool = False, limit: int | None = None,
+                 resume: bool = False, progress: bool = True, print_fn=print):
+    """The whole recipe (module docstring) for ``model`` (an object or a Hub id / path); returns the trained
+    heads and their ``Evaluation`` on the held-out prompts. Files in ``output_dir``: the heads (Medusa-1
+    layout), ``checkpoint.pt``, ``cache/``, ``eval_questions.jsonl``, ``evaluation.json`` and ``tree.json``
+    (the tree chosen for this machine)."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..bench.prompts import default_questions_path
+    from .data import collect_hidden_states, load_text_prompts, self_distill, split_train_eval, write_prompts
+    from .evaluate import evaluate_heads
+
+    config = config or TrainConfig()
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, (str, Path)):
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
+        model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    if tokenizer is None:
+        raise ValueError("train_medusa needs the model's tokenizer (tokenizer=) when given a model object.")
+    model.eval().requires_grad_(False)
+    prompts_path = prompts_path or default_questions_path()
+    if prompts_path is None:
+        raise ValueError("No prompts: pass a jsonl or text file (the Spec-Bench questions are not next to this checkout).")
+    train_prompts, eval_prompts = split_train_eval(load_text_prompts(prompts_path), eval_every)
+    write_prompts(eval_prompts, prompts_path, output_dir / "eval_questions.jsonl")  # all of them, for the bench
+    if limit:  # evenly over the file, so every category keeps its share
+        train_prompts, eval_prompts = _spread(train_prompts, limit), _spread(eval_prompts, max(limit // 4, 1))
+    print_fn(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held out (question_id % {eval_every} == 0)")
+
+    settings = {"model": getattr(model, "name_or_path", None), "prompts": str(prompts_path), "limit": limit,
+                "eval_every": eval_every, "max_new_tokens": max_new_tokens, "do_sample": do_sample,
+                "num_heads": config.num_heads}
+    data = {}
+    for split, prompts in (("train", train_prompts), ("eval", eval_prompts)):
+        path, meta = output_dir / "cache" / f"{split}.pt", output_dir / "cache" / f"{split}.json"
+        if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
+            data[split] = HiddenStates.load(path)
+            continue
+        sequences = self_distill(model, tokenizer, prompts, max_new_tokens, generation_batch_size, do_sample,
+                                 progress=progress)
+        data[split] = collect_hidden_states(model, sequences, config.num_heads, progress=progress)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data[split].save(path)
+        meta.write_text(json.dumps(settings))
+    print_fn(f"{len(data['train'])} training positions, {len(data['eval'])} held-out positions")
+
+    torch.manual_seed(config.seed)
+    heads = MedusaHeads.for_model(model, config.num_heads, config.num_layers, config.shared_lm_head)
+    train_heads(heads, data["train"], config, output_dir, resume=resume, progress=progress)
+    heads.save_pretrained(output_dir)
+
+    context = round(len(data["eval"]) / max(len(eval_prompts), 1)) + 64
+    evaluation = evaluate_heads(heads, data["eval"], model, context=context)
+    print_fn(evaluation.table())
+    (output_dir / "evaluation.json").write_text(json.dumps(evaluation.to_dict(), indent=1) + "\n")
+    chosen = evaluation.to_dict()["chosen_tree"]
+    if chosen:
+        (output_dir / "tree.json").write_text(json.dumps(chosen) + "\n")
+    return heads, evaluation

@@ -1,0 +1,169 @@
+"""Training Medusa heads: data, the training loop, both saved layouts, resume, evaluation and the recipe."""
+import json
+
+import pytest
+import torch
+
+import hf_spec
+from hf_spec.medusa import MedusaHeads, load_medusa_heads
+from hf_spec.medusa.data import (IGNORE, HiddenStates, TextPrompt, collect_hidden_states, load_text_prompts,
+                                 self_distill, split_train_eval, targets_for)
+from hf_spec.medusa.evaluate import NO_TARGET, NOT_IN_TOP_K, accuracy_from_ranks, replayed_tokens_per_step, target_ranks
+from hf_spec.medusa.train import TrainConfig, train_heads, train_medusa
+from hf_spec.testing import tiny_causal_lm
+
+VOCAB = 24
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    return tiny_causal_lm("llama", seed=3, vocab_size=VOCAB, hidden_size=64).requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def successor_data(small_model):
+    """Sequences where each token is a fixed function of the previous one: x[t + 1] = 5 x[t] + 3 mod VOCAB."""
+    generator = torch.Generator().manual_seed(0)
+    sequences = []
+    for _ in range(40):
+        tokens = [int(torch.randint(VOCAB, (1,), generator=generator))]
+        for _ in range(30):
+            tokens.append((5 * tokens[-1] + 3) % VOCAB)
+        sequences.append((tokens, 1))
+    return collect_hidden_states(small_model, sequences, num_heads=2, progress=False)
+
+
+def test_targets_are_continuation_tokens_two_and_more_places_ahead():
+    positions, targets = targets_for([10, 11, 12, 13, 14], prompt_length=2, num_heads=2)
+    assert positions == [1, 2]  # from the last prompt token on, while some head has a target
+    assert targets.tolist() == [[13, 14], [14, IGNORE]]
+
+
+def test_split_by_question_id_is_disjoint_and_stable(tmp_path):
+    rows = [{"question_id": i, "category": "c", "turns": [f"q{i}"]} for i in range(1, 21)]
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train, held_out = split_train_eval(load_text_prompts(path), eval_every=5)
+    assert [p.question_id for p in held_out] == ["5", "10", "15", "20"]
+    assert not {p.question_id for p in train} & {p.question_id for p in held_out} and len(train) == 16
+    assert split_train_eval(load_text_prompts(path)[:7], eval_every=5)[1] == held_out[:1]  # the rest does not matter
+
+
+def test_head_zero_learns_a_fixed_successor_function(small_model, successor_data):
+    heads = MedusaHeads.for_model(small_model, num_heads=2)
+    log = train_heads(heads, successor_data, TrainConfig(num_heads=2, epochs=30, batch_size=64,
+                                                         learning_rate=3e-3, warmup_steps=5), progress=False)
+    first, last = log[0]["loss"], sum(e["loss"] for e in log[-5:]) / 5
+    assert last < 0.5 * first  # the loss falls
+    accuracy = accuracy_from_ranks(target_ranks(heads, successor_data))
+    assert accuracy.top_k_accuracy(0, 1) > 0.9  # chance is 1 / 24
+
+
+def test_shared_lm_head_loss_falls(small_model, successor_data):
+    heads = MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True)
+    assert all(not name.endswith(f"{heads.num_layers}.weight") for name in heads.upstream_state_dict())
+    log = train_heads(heads, successor_data, TrainConfig(num_heads=2, epochs=10, batch_size=64,
+                                                         learning_rate=3e-3, warmup_steps=5), progress=False)
+    assert sum(e["loss"] for e in log[-5:]) / 5 < 0.8 * log[0]["loss"]
+    assert small_model.get_output_embeddings().weight.grad is None  # the base model stays frozen
+
+
+def test_resume_continues_from_the_saved_step(small_model, successor_data, tmp_path):
+    config = TrainConfig(num_heads=2, epochs=2, batch_size=32, checkpoint_every=5, warmup_steps=3)
+    torch.manual_seed(0)
+    straight = MedusaHeads.for_model(small_model, num_heads=2)
+    torch.manual_seed(0)
+    interrupted = MedusaHeads.for_model(small_model, num_heads=2)
+    train_heads(straight, successor_data, config, progress=False, max_steps=12)
+    train_heads(interrupted, successor_data, config, tmp_path, progress=False, max_steps=5)
+    log = train_heads(interrupted, successor_data, config, tmp_path, resume=True, progress=False, max_steps=12)
+    assert [e["step"] for e in log] == list(range(1, 13))
+    for a, b in zip(straight.parameters(), interrupted.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="Nothing to resume"):
+        train_heads(interrupted, successor_data, config, tmp_path / "empty", resume=True, progress=False)
+
+
+def test_both_layouts_round_trip(small_model, tmp_path):
+    torch.manual_seed(0)
+    shared = MedusaHeads.for_model(small_model, num_heads=3, shared_lm_head=True)
+    for block in shared.modules():
+        if isinstance(block, torch.nn.Linear):
+            torch.nn.init.normal_(block.weight, std=0.1)
+    hidden = torch.randn(5, 64)
+    shared.save_pretrained(tmp_path / "shared")
+    assert json.loads((tmp_path / "shared" / "config.json").read_text())["medusa_shared_lm_head"] is True
+    loaded = load_medusa_heads(tmp_path / "shared", base_model=small_model)
+    assert loaded.shared_lm_head and torch.allclose(loaded(hidden), shared(hidden))
+
+    full = shared.with_own_lm_heads()  # the upstream layout: the base lm_head copied into each head
+    assert torch.allclose(full(hidden), shared(hidden), atol=1e-6)
+    full.save_pretrained(tmp_path / "full")
+    assert "medusa_shared_lm_head" not in json.loads((tmp_path / "full" / "config.json").read_text())
+    assert torch.allclose(load_medusa_heads(tmp_path / "full", base_model=small_model)(hidden), shared(hidden), atol=1e-6)
+
+
+def test_the_shared_layout_needs_its_flag_and_its_base_model(small_model, tmp_path):
+    MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="load them with base_model="):
+        load_medusa_heads(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["medusa_shared_lm_head"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match='"medusa_shared_lm_head": true'):
+        load_medusa_heads(tmp_path, base_model=small_model)
+    full = tmp_path / "full"
+    MedusaHeads.for_model(small_model, num_heads=2).save_pretrained(full)
+    config = json.loads((full / "config.json").read_text())
+    (full / "config.json").write_text(json.dumps({**config, "medusa_shared_lm_head": True}))
+    with pytest.raises(ValueError, match="yet the weights hold the heads' final Linear"):
+        load_medusa_heads(full, base_model=small_model)
+
+
+def test_replayed_tokens_per_step_worked_example():
+    # two positions; ranks of the tokens that came, per head
+    ranks = torch.tensor([[0, 1], [1, NOT_IN_TOP_K], [0, 0]])
+    paths = [(0,), (0, 0), (1,), (0, 1)]
+    # position 0: (0,) and (0, 1) right -> depth 1 until (0, 1) joins -> 2; position 1: (1,) -> 1; position 2: (0, 0) -> 2
+    assert replayed_tokens_per_step(ranks, paths) == pytest.approx([1.0, 1 + 2 / 3, 1 + 3 / 3, 1 + 4 / 3, 1 + 5 / 3])
+    with_gap = torch.tensor([[0, NO_TARGET]])  # near a continuation's end: left out
+    assert replayed_tokens_per_step(torch.cat([ranks, with_gap]), paths)[-1] == pytest.approx(1 + 5 / 3)
+
+
+def test_accuracy_from_ranks():
+    accuracy = accuracy_from_ranks(torch.tensor([[0, 2], [1, NO_TARGET], [NOT_IN_TOP_K, 0]]), top_k=3)
+    assert accuracy.top_k_accuracy(0, 1) == pytest.approx(1 / 3) and accuracy.top_k_accuracy(0, 3) == pytest.approx(2 / 3)
+    assert accuracy.top_k_accuracy(1, 1) == pytest.approx(1 / 2) and accuracy.trials[1] == 2
+
+
+def test_self_distillation_continues_each_prompt_like_generate(tokenizer, target):
+    prompts = [TextPrompt("1", "def f(x):"), TextPrompt("2", "a longer prompt here")]
+    sequences = self_distill(target, tokenizer, prompts, max_new_tokens=6, batch_size=2, progress=False)
+    for (tokens, prompt_length), prompt in zip(sequences, prompts):
+        ids = tokenizer(prompt.text, return_tensors="pt")["input_ids"]
+        alone = target.generate(ids, max_new_tokens=6, do_sample=False)[0].tolist()
+        assert prompt_length == ids.shape[1] and tokens == alone[: len(tokens)]
+
+
+def test_the_recipe_end_to_end(tokenizer, tmp_path):
+    model = tiny_causal_lm("qwen2", seed=0)
+    rows = [{"question_id": i, "category": "c", "turns": [f"prompt number {i}:"]} for i in range(1, 13)]
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "heads"
+    config = TrainConfig(num_heads=2, epochs=1, batch_size=16)
+    heads, evaluation = train_medusa(model, out, tokenizer, data, config, max_new_tokens=12, progress=False,
+                                     print_fn=lambda *_: None)
+    for name in ("config.json", "medusa_lm_head.safetensors", "checkpoint.pt", "evaluation.json", "cache/train.pt"):
+        assert (out / name).is_file(), name
+    assert [json.loads(line)["question_id"] for line in (out / "eval_questions.jsonl").read_text().splitlines()] == [5, 10]
+    assert 0 <= evaluation.to_dict()["top1"][0] <= 1 and evaluation.chosen_size is not None
+    prompt = tokenizer("prompt number 5:", return_tensors="pt")
+    expected = model.generate(**prompt, max_new_tokens=10, do_sample=False)
+    assert torch.equal(model.generate(**prompt, max_new_tokens=10, do_sample=False, strategy="medusa",
+                                      medusa_heads=str(out)), expected)
+    # the cache is reused: a second run does not generate again
+    again = HiddenStates.load(out / "cache" / "train.pt")
+    train_medusa(model, out, tokenizer, data, config, max_new_tokens=12, progress=False, print_fn=lambda *_: None)
+    assert torch.equal(HiddenStates.load(out / "cache" / "train.pt").hidden, again.hidden)
+    assert hf_spec.last_stats().strategy == "medusa"
