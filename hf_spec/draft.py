@@ -16,39 +16,65 @@ from .schedule import check_draft_length, draft_length
 
 
 class DraftModelProposer:
-    """Proposes k tokens by running the draft k times on its own KV cache.
+    """Proposes k tokens per row by running the draft k times on its own KV cache.
 
-    The cache covers a prefix of the committed sequence plus the proposals fed so far. Each call feeds
-    whatever committed tokens the cache lacks (the whole prompt the first time, then usually the bonus
-    token), then one token per proposal; the last proposal is never fed. Rejections are forgotten by
-    cropping (``advance``), never by re-prefilling.
+    For each row the cache covers a prefix of the committed tokens plus the proposals fed so far. Each call
+    feeds whatever committed tokens the cache lacks (the whole prompt the first time, then usually the bonus
+    token; rows that lack fewer get holes in front), then one token per proposal; the last proposal is never
+    fed. Rejections are forgotten by cropping and masking (``advance``), never by re-prefilling.
     """
 
     name = "draft"
     wants_hidden_states = False
 
-    def __init__(self, draft, padding_mask: torch.Tensor | None):
-        self.draft = CachedModel(draft, new_cache(draft), padding_mask)
+    def __init__(self, draft, padding_mask: torch.Tensor | None, batch_size: int = 1):
+        self.draft = CachedModel(draft, new_cache(draft), batch_size)
+        self.pads = [0] * batch_size if padding_mask is None else (padding_mask == 0).sum(1).tolist()
+        self.covered = [0] * batch_size  # committed tokens of each row the cache holds (left padding included)
+        self._pending = None  # what the last proposal fed: (block start, catch-up width and counts, lengths, k)
 
-    def propose(self, sequence: torch.LongTensor, num_tokens: int, logits_processor: LogitsProcessorList,
+    def propose(self, rows: list[torch.LongTensor], num_tokens: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
-        target_device = sequence.device
+        target_device = rows[0].device
         num_tokens = min(num_tokens, max_depth)
         if num_tokens == 0:
-            return Proposal(tokens=sequence.new_empty(1, 0), probs=None)
-        prefix = sequence.to(self.draft.device)
-        feed = prefix[:, self.draft.cached_length :]
+            return Proposal(tokens=rows[0].new_empty(len(rows), 0), probs=None)
+        prefixes = [row.to(self.draft.device) for row in rows]
+        missing = [prefix[0, covered:] for prefix, covered in zip(prefixes, self.covered)]
+        width = max(len(m) for m in missing)
+        feed = torch.stack([torch.cat([m.new_zeros(width - len(m)), m]) for m in missing])  # holes in front
+        valid = torch.stack([self._catch_up_validity(width, len(m), covered, pads)
+                             for m, covered, pads in zip(missing, self.covered, self.pads)])
+        self._pending = (self.draft.length, width, [len(m) for m in missing], [p.shape[1] for p in prefixes],
+                         num_tokens)
+        logits = self.draft.forward(feed, logits_to_keep=1, valid=valid).logits[:, -1].float()  # [batch, vocab]
         probs = []
-        for _ in range(num_tokens):
-            logits = self.draft.forward(feed, logits_to_keep=1).logits.float()  # [1, vocab]
-            feed, q = self._next_token(logits, prefix, logits_processor, do_sample)  # [1, 1], [1, vocab]
-            probs.append(q)
-            prefix = torch.cat([prefix, feed], dim=-1)
-        tokens = prefix[:, sequence.shape[1] :].to(target_device)
-        return Proposal(tokens=tokens, probs=torch.cat(probs).to(target_device) if do_sample else None)
+        for i in range(num_tokens):
+            choices = [self._next_token(logits[r : r + 1], prefix, logits_processor, do_sample)
+                       for r, prefix in enumerate(prefixes)]
+            step_tokens = torch.cat([token for token, _ in choices])  # [batch, 1]
+            probs.append(torch.cat([q for _, q in choices]) if do_sample else None)
+            prefixes = [torch.cat([prefix, token], dim=-1) for prefix, (token, _) in zip(prefixes, choices)]
+            if i < num_tokens - 1:
+                logits = self.draft.forward(step_tokens, logits_to_keep=1).logits[:, -1].float()
+        tokens = torch.cat([prefix[:, -num_tokens:] for prefix in prefixes]).to(target_device)
+        return Proposal(tokens=tokens, probs=torch.stack(probs, dim=1).to(target_device) if do_sample else None)
 
-    def advance(self, keep: int, target_hidden=None) -> None:
-        self.draft.rollback(keep)
+    @staticmethod
+    def _catch_up_validity(width: int, count: int, covered: int, pads: int) -> torch.BoolTensor:
+        """Entries of one row's catch-up feed that are its tokens and not its left padding."""
+        index = covered + torch.arange(width) - (width - count)  # the sequence index each entry holds
+        return (index >= covered) & (index >= pads)
+
+    def advance(self, accepted: list[int], target_hidden=None) -> None:
+        if self._pending is None:
+            return
+        block_start, width, counts, lengths, k = self._pending
+        fed = [min(a, k - 1) for a in accepted]  # the accepted proposals the draft was fed (never the k-th)
+        self.draft.keep(block_start, [list(range(width - count, width)) + [width + i for i in range(n)]
+                                      for count, n in zip(counts, fed)])
+        self.covered = [length + n for length, n in zip(lengths, fed)]
+        self._pending = None
 
     @staticmethod
     def _next_token(logits, prefix, logits_processor, do_sample):
@@ -103,7 +129,7 @@ def generate(
     return speculative_generate(
         model,
         input_ids,
-        DraftModelProposer(draft, padding_mask),
+        DraftModelProposer(draft, padding_mask, input_ids.shape[0]),
         draft_length(num_speculative_tokens, model, draft, generation_config.do_sample, cache_costs),
         logits_processor,
         stopping_criteria,

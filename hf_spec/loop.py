@@ -1,10 +1,12 @@
 """The one speculative decoding loop every strategy runs: propose, verify, accept, commit.
 
-Batch size 1. Invariants at the top of every step: ``sequence`` [1, S] holds the committed tokens;
-the target's cache covers ``sequence[:, :S - 1]``; the last committed token is the root of the next
-verification block (block index 0) and the proposals follow it; the proposer's own state covers a
-prefix of ``sequence``. Chains and trees share every step: a chain is a tree whose nodes each have one
-child.
+Invariants at the top of every step, for each row r of the batch: ``rows[r]`` [1, S_r] holds its committed
+tokens (left padding included); the target's cache holds all of them but the last, in order, among entries
+that are invalid for this row (``runner.CachedModel``); the last committed token is the root of the next
+verification block (block index 0) and the proposals follow it; the proposer's own state covers a prefix of
+``rows[r]``. Every row verifies the same number of proposals per step, accepts its own run of them, and
+finishes on its own stopping criteria; nothing is recomputed for a row that kept fewer than another. Chains
+and trees share every step: a chain is a tree whose nodes each have one child.
 """
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ def check_supported(model, input_ids: torch.LongTensor, generation_config: Gener
     if generation_config.num_beams > 1:
         raise ValueError(f"strategy={strategy!r} does not combine with beam search (num_beams="
                          f"{generation_config.num_beams}). Use num_beams=1.")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"strategy={strategy!r} supports batch size 1 for now; got {input_ids.shape[0]} rows "
-                         "(num_return_sequences > 1 counts as rows). Call generate() once per prompt.")
+    if generation_config.num_return_sequences > 1:
+        raise ValueError(f"strategy={strategy!r} returns one sequence per prompt (num_return_sequences="
+                         f"{generation_config.num_return_sequences}): repeat the prompt in the batch instead.")
 
 
 def with_stop_strings(stopping_criteria: StoppingCriteriaList, stop_strings, tokenizer) -> StoppingCriteriaList:
@@ -92,18 +94,22 @@ def speculative_generate(
 ):
     """Decode with ``proposer`` drafting and ``model`` verifying; returns what ``generate()`` would.
 
-    input_ids: [1, prompt_len]; padding_mask: [1, prompt_len] or None (see ``runner.padding_mask_of``);
-    draft_length: the most tokens a step may propose (a chain's length, a tree's nodes), or a schedule that
-    picks it each step (``hf_spec.schedule``);
+    input_ids: [batch, prompt_len], left-padded; padding_mask: [batch, prompt_len] or None (see
+    ``runner.padding_mask_of``); draft_length: the most tokens a step may propose (a chain's length, a tree's
+    nodes), or a schedule that picks it each step (``hf_spec.schedule``);
     model_kwargs: what ``generate()`` prepared (the cache among them).
     """
     start_time = time.perf_counter()
-    stats = SpecStats(strategy=proposer.name)
+    batch_size = input_ids.shape[0]
+    stats = SpecStats(strategy=proposer.name, batch_size=batch_size)
+    row_stats = [stats] if batch_size == 1 else [SpecStats(strategy=proposer.name) for _ in range(batch_size)]
     timer = StepTimer(stats, model.device)
     cache = take_cache(model_kwargs) or new_cache(model)
     check_rollback_supported(cache, f"strategy={proposer.name!r}")
-    target = CachedModel(model, cache, padding_mask)
-    recorder = OutputRecorder(generation_config)
+    if streamer is not None and batch_size > 1:
+        raise ValueError("Streamers take one row: stream a batch of 1, or drop streamer= for batches.")
+    target = CachedModel(model, cache, batch_size)
+    recorder = OutputRecorder(generation_config, batch_size)
     acceptance = acceptance or Acceptance(generation_config.do_sample)
     schedule = FixedLength(draft_length) if isinstance(draft_length, int) else draft_length
     hidden_states = proposer.wants_hidden_states
@@ -111,52 +117,85 @@ def speculative_generate(
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
-    sequence = input_ids
-    schedule.start(sequence.shape[1], max_length - sequence.shape[1])
+    prompt_length = input_ids.shape[1]
+    rows = list(input_ids.split(1))  # each row's committed tokens [1, S_r], its left padding included
+    schedule.start(prompt_length, max_length - prompt_length)
     with timer("prefill_s"):
-        target.rollback(sequence.shape[1] - 1)
-        if target.cached_length < sequence.shape[1] - 1:
-            prefill = target.forward(sequence[:, target.cached_length : -1], 1, hidden_states=hidden_states)
-            proposer.advance(target.cached_length, prefill.hidden[-1] if hidden_states else None)
+        target.rollback(prompt_length - 1)
+        if padding_mask is not None and target.length:  # a cache generate() was given: its entries' padding
+            target.valid = target._compressed(padding_mask[:, : target.length].bool().to(target.device))
+        if target.length < prompt_length - 1:
+            valid = None if padding_mask is None else padding_mask[:, target.length : -1].bool()
+            prefill = target.forward(input_ids[:, target.length : -1], 1, valid=valid, hidden_states=hidden_states)
+            proposer.advance([0] * batch_size, prefill.hidden[:, -1] if hidden_states else None)
 
-    finished = False
-    while not finished:
-        committed = sequence.shape[1]
-        room = max(max_length - committed - 1, 0)
+    finished = [False] * batch_size
+    while not all(finished):
+        longest = max(row.shape[1] for row, done in zip(rows, finished) if not done)
         spent = (stats.propose_s, stats.verify_s)
 
         with timer("propose_s"):
-            proposal = proposer.propose(sequence, schedule.next(), logits_processor, generation_config.do_sample,
-                                        max_depth=room)
+            proposal = proposer.propose(rows, schedule.next(), logits_processor, generation_config.do_sample,
+                                        max_depth=max(max_length - longest - 1, 0))
 
         with timer("verify_s"):
-            block = torch.cat([sequence[:, -1:], proposal.tokens], dim=-1)  # root + proposals
-            tree = proposal.tree
-            logits, hidden = target.forward(block, proposal.num_tokens + 1, hidden_states=hidden_states,
+            block = torch.cat([torch.cat([row[:, -1:] for row in rows]), proposal.tokens], dim=-1)  # roots + proposals
+            live = None if not any(finished) else torch.tensor([not done for done in finished]).unsqueeze(1)
+            block_start, tree = target.length, proposal.tree
+            logits, hidden = target.forward(block, block.shape[1], valid=None if live is None else live.expand_as(block),
+                                            hidden_states=hidden_states,
                                             tree_mask=None if tree is None else tree.ancestor_mask,
                                             tree_depths=None if tree is None else tree.depths)
-            # logits [num_nodes + 1, vocab]; hidden [num_nodes + 1, hidden_size] or None
+            # logits [batch, num_nodes + 1, vocab]; hidden [batch, num_nodes + 1, hidden_size] or None
 
-        scores = process_block(logits_processor, sequence, proposal.tokens, proposal.parents, logits)
-        accepted, bonus = acceptance(proposal, scores)
-        rows = [0, *accepted]  # the score row of each new token is its parent's block index
-        stats.record_step(_proposed_depth(proposal, accepted), len(accepted), proposal.num_tokens)
-        schedule.observe(proposal.num_tokens, len(accepted), stats.propose_s - spent[0], stats.verify_s - spent[1],
-                         scores[rows].float().softmax(-1).amax(-1).tolist())
-        target.keep_path(committed, committed - 1, accepted, acceptance.verifier.compact_layer)
-        last = accepted[-1] if accepted else 0
-        proposer.advance(committed + len(accepted), hidden[last] if hidden is not None else None)
-
-        new_tokens = torch.cat([proposal.tokens[0, [i - 1 for i in accepted]], bonus.view(1)])
-        sequence, finished = _commit(sequence, new_tokens, scores[rows], logits[rows], stopping_criteria, recorder,
-                                     streamer)
+        kept, accepted_counts, confidence = [], [], []
+        for r in range(batch_size):
+            if finished[r]:
+                kept.append([])
+                accepted_counts.append(0)
+                continue
+            row = proposal.row(r)
+            scores = process_block(logits_processor, rows[r], row.tokens, proposal.parents, logits[r])
+            accepted, bonus = acceptance(row, scores)
+            path = [0, *accepted]  # the score row of each new token is its parent's block index
+            row_stats[r].record_step(_proposed_depth(row, accepted), len(accepted), proposal.num_tokens)
+            confidence.append(scores[path].softmax(-1).amax(-1).tolist())
+            new_tokens = torch.cat([row.tokens[0, [i - 1 for i in accepted]], bonus.view(1)])
+            rows[r], finished[r] = _commit(rows[r], new_tokens, scores[path], logits[r, path], stopping_criteria,
+                                           recorder, streamer)
+            kept.append(path)
+            accepted_counts.append(len(accepted))
+        if batch_size > 1:
+            stats.k_per_step.append(proposal.num_tokens)
+        schedule.observe(proposal.num_tokens, [a for a, path in zip(accepted_counts, kept) if path],
+                         stats.propose_s - spent[0], stats.verify_s - spent[1], confidence)
+        target.keep(block_start, kept, acceptance.verifier.compact_layer)
+        if hidden is not None:  # each row's hidden state at the last token it kept
+            last = torch.tensor([path[-1] if path else 0 for path in kept], device=hidden.device)
+            hidden = hidden[torch.arange(batch_size, device=hidden.device), last]
+        proposer.advance(accepted_counts, hidden)
 
     if streamer is not None:
         streamer.end()
-    stats.new_tokens = sequence.shape[1] - input_ids.shape[1]
+    for row, row_stat in zip(rows, row_stats):
+        row_stat.new_tokens = row.shape[1] - prompt_length
+    if batch_size > 1:
+        stats.add_rows(row_stats)
     stats.total_s = time.perf_counter() - start_time
     _set_last_stats(stats)
-    return recorder.build(sequence, cache, stats)
+    return recorder.build(_padded(rows, generation_config), cache if batch_size == 1 else None, stats)
+
+
+def _padded(rows: list[torch.LongTensor], generation_config: GenerationConfig) -> torch.LongTensor:
+    """The rows as one tensor, right-padded with the pad token as generate() pads rows that finished early."""
+    if len(rows) == 1:
+        return rows[0]
+    pad = generation_config.pad_token_id
+    if pad is None:
+        eos = generation_config.eos_token_id
+        pad = (eos[0] if isinstance(eos, (list, tuple)) else eos) if eos is not None else 0
+    width = max(row.shape[1] for row in rows)
+    return torch.cat([torch.nn.functional.pad(row, (0, width - row.shape[1]), value=int(pad)) for row in rows])
 
 
 def _proposed_depth(proposal: Proposal, accepted: list[int]) -> int:
@@ -181,7 +220,8 @@ def _commit(sequence, new_tokens, scores, logits, stopping_criteria, recorder, s
     kept = len(new_tokens)
     for j in range(len(new_tokens)):
         recorder.record(scores[j : j + 1], logits[j : j + 1].float())
-        if bool(stopping_criteria(candidate[:, : committed + j + 1], recorder.scores_so_far).any()):
+        # like generate(), the criteria see the sequence so far and the scores of its last token
+        if bool(stopping_criteria(candidate[:, : committed + j + 1], scores[j : j + 1]).any()):
             finished, kept = True, j + 1
             break
     if streamer is not None:

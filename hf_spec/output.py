@@ -24,10 +24,13 @@ _CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(Generat
 class OutputRecorder:
     """Collects per-token scores and raw logits when ``return_dict_in_generate`` asks for them."""
 
-    def __init__(self, generation_config):
+    def __init__(self, generation_config, batch_size: int = 1):
         self.return_dict = generation_config.return_dict_in_generate
         self.scores = [] if self.return_dict and generation_config.output_scores else None
         self.logits = [] if self.return_dict and generation_config.output_logits else None
+        if batch_size > 1 and (self.scores is not None or self.logits is not None):
+            raise ValueError("Speculative strategies return scores and logits for one row only (rows accept "
+                             "different numbers of tokens per step). Drop output_scores/output_logits for batches.")
         if self.return_dict and (generation_config.output_attentions or generation_config.output_hidden_states):
             raise ValueError(
                 "Speculative strategies do not return attentions or hidden states. "
@@ -46,6 +49,7 @@ class OutputRecorder:
         return tuple(self.scores) if self.scores is not None else None
 
     def build(self, sequences: torch.LongTensor, cache, stats: SpecStats):
+        """``cache`` is None for batches: theirs has entries masked per row, which generate() cannot continue."""
         if not self.return_dict:
             return sequences
         return SpecGenerateOutput(

@@ -1,7 +1,7 @@
 """The narrow interface every proposer implements, and what it returns.
 
-One loop (``hf_spec.loop``) drives every strategy; a proposer only answers "what comes next?" and
-hears which of its proposals the target kept.
+One loop (``hf_spec.loop``) drives every strategy, for one row or a batch of rows; a proposer only answers
+"what comes next?" for every row and hears how many of its proposals each row kept.
 """
 from __future__ import annotations
 
@@ -22,9 +22,13 @@ class Proposal:
     ``tree.parents[i]`` (a block index; 0 is the root).
     """
 
-    tokens: torch.LongTensor  # [1, num_nodes] on the target's device
-    probs: torch.Tensor | None = None  # [num_nodes, vocab] q for sampled chains; None for greedy or deterministic
+    tokens: torch.LongTensor  # [batch, num_nodes] on the target's device
+    probs: torch.Tensor | None = None  # [batch, num_nodes, vocab] q for sampled chains; None for greedy or deterministic
     tree: TreeBuffers | None = None
+
+    def row(self, r: int) -> "Proposal":
+        """Row r's proposal: tokens [1, num_nodes], probs [num_nodes, vocab]."""
+        return Proposal(self.tokens[r : r + 1], None if self.probs is None else self.probs[r], self.tree)
 
     @property
     def num_tokens(self) -> int:
@@ -43,11 +47,12 @@ class Proposer(Protocol):
     # True when the proposer needs the target's last hidden state (passed to ``advance``)
     wants_hidden_states: bool
 
-    def propose(self, sequence: torch.LongTensor, num_tokens: int, logits_processor: LogitsProcessorList,
+    def propose(self, rows: list[torch.LongTensor], num_tokens: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
-        """Propose up to ``num_tokens`` tokens to follow ``sequence`` [1, S] (the committed tokens), none of them
-        more than ``max_depth`` places after it (what max_length leaves)."""
+        """Propose up to ``num_tokens`` tokens (the same number for every row) to follow each row's committed
+        tokens ``rows[r]`` [1, S_r], none more than ``max_depth`` places after them (what max_length leaves)."""
 
-    def advance(self, keep: int, target_hidden: torch.Tensor | None) -> None:
-        """The target now caches the first ``keep`` committed tokens; forget anything proposed after them.
-        ``target_hidden`` [hidden_size]: the target's last hidden state at position keep - 1 (or None)."""
+    def advance(self, accepted: list[int], target_hidden: torch.Tensor | None) -> None:
+        """Row r's target kept the first ``accepted[r]`` proposals of the last proposal (along the accepted path);
+        forget the rest. ``target_hidden`` [batch, hidden_size]: the target's last hidden state in each row,
+        at the last token it cached (or None)."""

@@ -17,7 +17,7 @@ def _takes_logits_to_keep(model_class: type) -> bool:
 
 
 def padding_mask_of(model_kwargs: dict) -> torch.Tensor | None:
-    """The prompt's 2D attention mask [1, prompt_len], or None when nothing is padded."""
+    """The prompts' 2D attention mask [batch, prompt_len], or None when nothing is padded."""
     mask = model_kwargs.get("attention_mask")
     if mask is None or bool(mask.all()):
         return None
@@ -27,81 +27,135 @@ def padding_mask_of(model_kwargs: dict) -> torch.Tensor | None:
 
 
 class ForwardOutput(NamedTuple):
-    logits: torch.Tensor  # [m, vocab]
-    hidden: torch.Tensor | None  # [m, hidden_size] last hidden states, when asked for
+    logits: torch.Tensor  # [batch, m, vocab]
+    hidden: torch.Tensor | None  # [batch, m, hidden_size] last hidden states, when asked for
 
 
 class CachedModel:
-    """Runs ``model`` on tokens appended to the sequence its ``cache`` already covers.
+    """Runs ``model`` on tokens appended to what its ``cache`` holds, for one row or a batch of rows.
 
-    Position ids and the attention mask follow plain ``generate()``: positions count non-padding tokens
-    (left padding of the prompt, from ``padding_mask`` [1, prompt_len]); every generated token is real.
-    A tree block gets a 4D mask (each node sees the cache, the root and its own ancestors) and
-    positions by depth, through the model's unmodified forward.
+    All rows share the cache's length; an entry may be invalid in some rows (``valid`` [batch, length], None
+    while every entry is valid): left padding of a prompt, a hole where a row fed fewer tokens than the others,
+    or where it kept fewer of a block's tokens. Invalid entries are masked out of attention and never
+    recomputed. Position ids follow plain ``generate()``: a row's valid entries are numbered from 0. A chain
+    block goes through the unmodified forward with a 2D mask; a tree block with a 4D mask (each node sees the
+    row's valid cache, the root and its own ancestors) and positions by depth. One unpadded row never needs a
+    mask: what it rejects is cropped.
     """
 
-    def __init__(self, model, cache: Cache, padding_mask: torch.Tensor | None):
+    def __init__(self, model, cache: Cache, batch_size: int = 1):
         self.model = model
         self.cache = cache
         self.device = model.device
-        self.padding_mask = None if padding_mask is None else padding_mask.to(self.device)
-        self.num_pads = 0 if padding_mask is None else int((padding_mask == 0).sum())
+        self.batch_size = batch_size
+        self.valid: torch.BoolTensor | None = None
         self._cache_kwargs = cache_kwargs(model, cache)
         self._takes_logits_to_keep = _takes_logits_to_keep(type(model))
 
     @property
-    def cached_length(self) -> int:
+    def length(self) -> int:
         return self.cache.get_seq_length()
 
-    def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0, tree_mask: torch.BoolTensor | None = None,
-                tree_depths: torch.LongTensor | None = None, hidden_states: bool = False) -> ForwardOutput:
-        """Feed tokens [1, n]; return logits [m, vocab] for the last ``logits_to_keep`` rows (0: all n),
-        and with ``hidden_states`` also the last hidden states [m, hidden].
-
-        tree_mask [n, n] (True: row may attend column) and tree_depths [n] make the block a tree.
-        """
-        start = self.cached_length
-        end = start + tokens.shape[1]
+    def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0, valid: torch.BoolTensor | None = None,
+                tree_mask: torch.BoolTensor | None = None, tree_depths: torch.LongTensor | None = None,
+                hidden_states: bool = False) -> ForwardOutput:
+        """Feed tokens [batch, n] (``valid`` [batch, n]: False for entries that are not tokens of the row); return
+        logits [batch, m, vocab] for the last ``logits_to_keep`` columns (0: all n), and with ``hidden_states``
+        the last hidden states [batch, m, hidden]. tree_mask [n, n] (True: row may attend column) and
+        tree_depths [n] make the block a tree."""
+        tokens = tokens.to(self.device)
+        valid = None if valid is None or bool(valid.all()) else valid.to(self.device)
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         if tree_mask is None:
-            layout = self._positions_and_mask(start, end)
+            layout = self._chain_layout(tokens.shape[1], valid)
         else:
-            layout = self._tree_positions_and_mask(start, tree_mask.to(self.device), tree_depths.to(self.device))
-        outputs = self.model(input_ids=tokens.to(self.device), **layout, **self._cache_kwargs, use_cache=True,
+            layout = self._tree_layout(tree_mask.to(self.device), tree_depths.to(self.device), valid)
+        outputs = self.model(input_ids=tokens, **layout, **self._cache_kwargs, use_cache=True,
                              output_hidden_states=hidden_states, **extra)
-        logits = outputs.logits[0]
-        logits = logits[-logits_to_keep:] if logits_to_keep else logits
-        hidden = outputs.hidden_states[-1][0, -logits.shape[0]:] if hidden_states else None
+        self.valid = self._appended(valid, tokens.shape[1])
+        logits = outputs.logits
+        logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
+        hidden = outputs.hidden_states[-1][:, -logits.shape[1]:] if hidden_states else None
         return ForwardOutput(logits, hidden)
 
-    def rollback(self, keep: int) -> None:
-        rollback(self.cache, keep)
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` entries."""
+        rollback(self.cache, length)
+        if self.valid is not None:
+            self.valid = self._compressed(self.valid[:, :length])
 
-    def keep_path(self, keep: int, block_start: int, path: list[int], compact_layer=None) -> None:
-        """Keep the first ``keep`` cached tokens, then the block entries at indices ``path`` (ascending)."""
-        keep_path(self.cache, keep, block_start, path, compact_layer)
+    def keep(self, block_start: int, kept: list[list[int]], compact_layer=None) -> None:
+        """Keep the entries before ``block_start``, then, in row r, the block entries ``block_start + i`` for i in
+        ``kept[r]`` (ascending), moved to follow them; rows that keep fewer than the most get holes after theirs.
 
-    def _full_mask(self, end: int) -> torch.Tensor:
-        prompt_len = self.padding_mask.shape[1]
-        generated = torch.ones(1, max(end - prompt_len, 0), dtype=self.padding_mask.dtype, device=self.device)
-        return torch.cat([self.padding_mask, generated], dim=-1)[:, :end]
+        e.g. one row, block_start 9, kept [[0, 1, 3]]: entry 12 moves to 11, then the cache is cropped to 12."""
+        width = max(len(k) for k in kept)
+        if any(k != list(range(len(k))) for k in kept):
+            if self.batch_size == 1:  # through compact_layer (the Triton kernel on CUDA)
+                keep_path(self.cache, block_start, block_start, kept[0], compact_layer)
+            else:
+                self._gather(block_start, kept, width)
+        if self.valid is not None or any(len(k) < width for k in kept):
+            valid = self.valid if self.valid is not None else torch.ones(
+                self.batch_size, block_start + max(max(k, default=0) for k in kept) + 1, dtype=torch.bool,
+                device=self.device)
+            moved = torch.stack([self._row_validity(valid[r], block_start, k, width) for r, k in enumerate(kept)])
+            self.valid = self._compressed(torch.cat([valid[:, :block_start], moved], dim=-1))
+        rollback(self.cache, block_start + width)
 
-    def _positions_and_mask(self, start: int, end: int) -> dict:
-        if self.padding_mask is None:
-            return {"position_ids": torch.arange(start, end, device=self.device).unsqueeze(0)}
-        mask = self._full_mask(end)
-        # e.g. mask [0, 0, 1, 1, 1] -> positions [1, 1, 0, 1, 2], as generate() builds them
-        positions = (mask.long().cumsum(-1) - 1).masked_fill_(mask == 0, 1)
-        return {"position_ids": positions[:, start:end], "attention_mask": mask}
+    @staticmethod
+    def _row_validity(row: torch.BoolTensor, block_start: int, kept: list[int], width: int) -> torch.BoolTensor:
+        out = torch.zeros(width, dtype=torch.bool, device=row.device)
+        if kept:
+            out[: len(kept)] = row[block_start + torch.tensor(kept, device=row.device)]
+        return out
 
-    def _tree_positions_and_mask(self, start: int, tree_mask: torch.BoolTensor, depths: torch.LongTensor) -> dict:
-        """Root at the position the next token would take; node at root + depth. 4D mask [1, 1, n, start + n]:
-        0 where a query may attend, the dtype's minimum elsewhere."""
-        positions = (start - self.num_pads + depths).unsqueeze(0)
-        past = torch.ones(tree_mask.shape[0], start, dtype=torch.bool, device=self.device)
-        if self.padding_mask is not None:
-            past &= self._full_mask(start).bool()
-        allowed = torch.cat([past, tree_mask], dim=-1)
+    def _gather(self, block_start: int, kept: list[list[int]], width: int) -> None:
+        """Move each row's kept block entries into place (rows keep different entries)."""
+        index = torch.tensor([k + [k[-1] if k else 0] * (width - len(k)) for k in kept], device=self.device)
+        index = index + block_start  # [batch, width]
+        for layer in self.cache.layers:
+            for states in (layer.keys, layer.values):
+                source = index.to(states.device)[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+                states[:, :, block_start : block_start + width] = states.gather(2, source)
+
+    def _appended(self, valid: torch.BoolTensor | None, n: int) -> torch.BoolTensor | None:
+        """The validity of the cache after n entries were appended with ``valid`` [batch, n] (None: all valid)."""
+        if self.valid is None and valid is None:
+            return None
+        before = self.valid if self.valid is not None else torch.ones(
+            self.batch_size, self.length - n, dtype=torch.bool, device=self.device)
+        after = valid if valid is not None else torch.ones(self.batch_size, n, dtype=torch.bool, device=self.device)
+        return self._compressed(torch.cat([before, after], dim=-1))
+
+    @staticmethod
+    def _compressed(valid: torch.BoolTensor) -> torch.BoolTensor | None:
+        return None if bool(valid.all()) else valid
+
+    def _past_and_block(self, n: int, valid: torch.BoolTensor | None) -> tuple[torch.BoolTensor, torch.BoolTensor]:
+        past = self.valid if self.valid is not None else torch.ones(
+            self.batch_size, self.length, dtype=torch.bool, device=self.device)
+        block = valid if valid is not None else torch.ones(self.batch_size, n, dtype=torch.bool, device=self.device)
+        return past, block
+
+    def _chain_layout(self, n: int, valid: torch.BoolTensor | None) -> dict:
+        start = self.length
+        if self.valid is None and valid is None:
+            positions = torch.arange(start, start + n, device=self.device).expand(self.batch_size, n)
+            return {"position_ids": positions}
+        past, block = self._past_and_block(n, valid)
+        # e.g. a row's past [0, 0, 1, 1] (two pads) and block [1, 1] -> positions [2, 3]
+        positions = past.sum(-1, keepdim=True) + block.long().cumsum(-1) - 1
+        mask = torch.cat([past, block], dim=-1).long()
+        return {"position_ids": positions.clamp_(min=0), "attention_mask": mask}
+
+    def _tree_layout(self, tree_mask: torch.BoolTensor, depths: torch.LongTensor, valid: torch.BoolTensor | None) -> dict:
+        """Root at the position the row's next token would take; node at root + depth. 4D mask
+        [batch, 1, n, length + n]: 0 where a query may attend, the dtype's minimum elsewhere."""
+        n = tree_mask.shape[0]
+        past, block = self._past_and_block(n, valid)
+        positions = past.sum(-1, keepdim=True) + depths.unsqueeze(0)
+        allowed = torch.cat([past[:, None, :].expand(-1, n, -1), tree_mask[None] & block[:, None, :]], dim=-1)
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        return {"position_ids": positions, "attention_mask": mask[None, None]}
+        return {"position_ids": positions, "attention_mask": mask[:, None]}

@@ -35,9 +35,11 @@ class DraftLength:
         """The number of tokens to propose at the next step (0: a plain decoding step)."""
         raise NotImplementedError
 
-    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float, confidence: list[float]) -> None:
-        """What the step with k proposals kept, what proposing and verifying took, and the target's confidence
-        (top probability) at each committed token: entry i judged proposal i + 1."""
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
+                confidence: list[list[float]]) -> None:
+        """What the step with k proposals kept in each row still decoding, what proposing and verifying took,
+        and the target's confidence (top probability) at each token a row committed: entry i judged proposal
+        i + 1."""
 
 
 class FixedLength(DraftLength):
@@ -57,10 +59,11 @@ class StepwiseLength(DraftLength):
     def next(self) -> int:
         return self.k
 
-    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float, confidence: list[float]) -> None:
-        if k == 0:
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
+                confidence: list[list[float]]) -> None:
+        if k == 0 or not accepted:
             return
-        self.k = min(self.k + 1, self.max_k) if accepted >= 0.5 * k else max(self.k - 1, 1)
+        self.k = min(self.k + 1, self.max_k) if sum(accepted) >= 0.5 * k * len(accepted) else max(self.k - 1, 1)
 
 
 @dataclass
@@ -226,7 +229,8 @@ class AutoLength(DraftLength):
             return 0
         return k
 
-    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float, confidence: list[float]) -> None:
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
+                confidence: list[list[float]]) -> None:
         self.costs.update_verify(k + 1, verify_s)
         if k > 0:
             if self.behind > 1:  # the draft also fed the tokens it had skipped: a prefill, not k proposals
@@ -234,14 +238,16 @@ class AutoLength(DraftLength):
                 self.costs.update_catch_up(max(catch_up, 0.0) / (self.behind - 1))
             else:
                 self.costs.update_draft(propose_s / k)
-            for i in range(min(k, accepted + 1)):  # proposals 1..accepted + 1 were judged
-                self.calibration.update(confidence[i], i < accepted)
+            for row_accepted, row_confidence in zip(accepted, confidence):
+                for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
+                    self.calibration.update(row_confidence[i], i < row_accepted)
             self.behind = 1
         else:
             self.behind += 1
-        self.remaining -= accepted + 1
-        for c in confidence:  # the committed tokens, in order
-            self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
+        self.remaining -= 1 + (min(accepted) if accepted else 0)
+        for row_confidence in confidence:  # the committed tokens, in order (a batch: row after row)
+            for c in row_confidence:
+                self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
 
 
 def tree_rate(expected: list[float], costs: CostEstimates, n: int) -> float:
@@ -292,7 +298,8 @@ class AutoTree(DraftLength):
             return self.best_size(smallest=1)
         return 0
 
-    def observe(self, k: int, accepted: int, propose_s: float, verify_s: float, confidence: list[float]) -> None:
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
+                confidence: list[list[float]]) -> None:
         self.costs.update_verify(k + 1, verify_s)
         if k > 0:
             self.costs.update_propose_step(propose_s)

@@ -11,7 +11,9 @@ Glossary (used the same way in names, the README and the tests):
 
 ``acceptance_rate = accepted / proposed`` and ``tokens_per_step = (accepted + bonus) / steps``
 (what Spec-Bench calls mean accepted tokens). Wall time is split into prefill, proposing, verifying
-and everything else (the loop's own overhead).
+and everything else (the loop's own overhead). For a batch, ``rows`` holds each row's statistics and the
+counts are their sums: a step is then one row's step, so the rates read per row; ``k_per_step`` has one
+entry per verification pass of the batch.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ class SpecStats:
     accepted_by_position: list[int] = field(default_factory=list)
     # the size proposed at each step, in order: k for a chain, the number of nodes for a tree
     k_per_step: list[int] = field(default_factory=list)
+    batch_size: int = 1
+    rows: list["SpecStats"] = field(default_factory=list)  # a batch's rows (empty for one row)
     prefill_s: float = 0.0
     propose_s: float = 0.0
     verify_s: float = 0.0
@@ -91,6 +95,21 @@ class SpecStats:
         for i in range(num_proposed):
             self.proposed_by_position[i] += 1
             self.accepted_by_position[i] += int(i < num_accepted)
+
+    def add_rows(self, rows: list["SpecStats"]) -> None:
+        """Sum the rows' counts into these (batch) statistics and keep the rows."""
+        self.rows = rows
+        for row in rows:
+            self.steps += row.steps
+            self.proposed += row.proposed
+            self.accepted += row.accepted
+            self.bonus += row.bonus
+            self.new_tokens += row.new_tokens
+            for name in ("proposed_by_position", "accepted_by_position"):
+                mine, theirs = getattr(self, name), getattr(row, name)
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, count in enumerate(theirs):
+                    mine[i] += count
 
     def to_dict(self) -> dict:
         derived = {

@@ -70,22 +70,26 @@ def perturbed_draft(target, noise: float = 0.3, seed: int = 1):
 def oracle_head_logits(reference: torch.LongTensor, ranks: list[int]):
     """A ``MedusaProposer.head_logits`` that knows the target's continuation.
 
-    reference: [L] the full greedy sequence (prompt included). For a committed sequence of length S,
-    head d's logits rank the true token ``reference[S + d]`` at ``ranks[d]`` (0 = top-1), so a tree
+    reference: [L] the full greedy sequence (prompt included), or [batch, L] one per row. For a row of committed
+    length S, head d's logits rank the true token ``reference[S + d]`` at ``ranks[d]`` (0 = top-1), so a tree
     path of those ranks is accepted: e.g. ranks [0, 1] makes the path (0, 1) right.
     """
-    reference = reference.tolist()
+    references = reference.tolist() if reference.dim() == 2 else None
+    reference_row = reference.tolist() if reference.dim() == 1 else None
 
-    def head_logits(self, sequence: torch.LongTensor) -> torch.Tensor:
-        start, vocab = sequence.shape[1], self.heads.vocab_size
-        logits = torch.zeros(self.heads.num_heads, vocab)
-        for d in range(self.heads.num_heads):
-            if start + d >= len(reference):
-                break
-            true = reference[start + d]
-            order = [token for token in range(vocab) if token != true]
-            order.insert(ranks[min(d, len(ranks) - 1)], true)
-            logits[d, order] = torch.arange(vocab, 0, -1, dtype=torch.float)
+    def head_logits(self, rows: list[torch.LongTensor]) -> torch.Tensor:
+        vocab = self.heads.vocab_size
+        logits = torch.zeros(self.heads.num_heads, len(rows), vocab)
+        for r, row in enumerate(rows):
+            reference = references[r] if references is not None else reference_row
+            start = row.shape[1]
+            for d in range(self.heads.num_heads):
+                if start + d >= len(reference):
+                    break
+                true = reference[start + d]
+                order = [token for token in range(vocab) if token != true]
+                order.insert(ranks[min(d, len(ranks) - 1)], true)
+                logits[d, r, order] = torch.arange(vocab, 0, -1, dtype=torch.float)
         return logits
 
     return head_logits

@@ -69,7 +69,7 @@ def _generate(target, prompt, **kwargs):
         ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an int >= 1"),
         ({"num_speculative_tokens": "many"}, "num_speculative_tokens must be an int >= 1"),
         ({"num_beams": 2}, "does not combine with beam search"),
-        ({"num_return_sequences": 2, "do_sample": True}, "batch size 1 for now"),
+        ({"num_return_sequences": 2, "do_sample": True}, "repeat the prompt in the batch instead"),
         ({"cache_implementation": "static"}, "needs a KV cache that can roll back"),
         ({"stop_strings": ["x"]}, "stop_strings need the target's tokenizer"),
         ({"return_dict_in_generate": True, "output_attentions": True}, "do not return attentions"),
@@ -80,12 +80,6 @@ def test_bad_input_errors(target, prompt, kwargs, message):
     kwargs = {"draft_model": target, **kwargs} if kwargs and "strategy" not in kwargs else kwargs
     with pytest.raises(ValueError, match=message):
         _generate(target, prompt, **kwargs)
-
-
-def test_batch_larger_than_one_is_refused(target, tokenizer):
-    batch = tokenizer(["ab", "abcd"], padding=True, return_tensors="pt")
-    with pytest.raises(ValueError, match="batch size 1 for now; got 2 rows"):
-        _generate(target, batch, draft_model=target)
 
 
 def test_both_draft_and_assistant_model_is_refused(target, prompt):

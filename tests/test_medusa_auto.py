@@ -69,9 +69,9 @@ def test_probes_back_off_while_plain_decoding_wins():
 def test_startup_measures_plain_then_the_whole_tree():
     auto = AutoTree(CostEstimates(), HeadAccuracy(4), MC_SIM_7B_63)
     assert auto.next() == 0
-    auto.observe(0, 0, 0.0, 0.01, [0.5])
+    auto.observe(0, [0], 0.0, 0.01, [[0.5]])
     assert auto.next() == 63
-    auto.observe(63, 1, 0.002, 0.05, [0.5, 0.5])
+    auto.observe(63, [1], 0.002, 0.05, [[0.5, 0.5]])
     assert auto.costs.propose_step == pytest.approx(0.002) and auto.costs.verify[64] == pytest.approx(0.05)
 
 

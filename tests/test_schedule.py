@@ -58,17 +58,17 @@ def test_calibration_starts_at_each_bins_middle_and_learns():
 def test_acceptance_follows_the_targets_confidence():
     auto = auto_with(CPU, 0.15, 0.5)
     for _ in range(10):
-        auto.observe(0, 0, 0.0, 0.375, [0.995])  # plain steps; the target is sure of every token
+        auto.observe(0, [0], 0.0, 0.375, [[0.995]])  # plain steps; the target is sure of every token
     assert auto.acceptance > 0.95 and auto.next() == 8
     for _ in range(10):
-        auto.observe(0, 0, 0.0, 0.375, [0.4])
+        auto.observe(0, [0], 0.0, 0.375, [[0.4]])
     assert auto.acceptance < 0.5 and auto.next() == 0
 
 
 def test_speculative_steps_teach_the_calibration():
     auto = auto_with(CPU, 0.15, 0.99)
     for _ in range(100):  # the target is sure, yet the draft is always wrong at the first position
-        auto.observe(4, 0, 0.6, 0.8, [0.995])
+        auto.observe(4, [0], 0.6, 0.8, [[0.995]])
     assert auto.calibration.rate(0.995) < 0.05 and auto.acceptance < 0.1 and auto.next() == 0
 
 
@@ -86,12 +86,12 @@ def test_startup_measures_plain_then_the_drafts_costs_once():
     auto = AutoLength(CostEstimates(), ConfidenceCalibration())
     auto.start(prompt_length=101, max_new_tokens=100)
     assert auto.next() == 0
-    auto.observe(0, 0, 0.0, 0.4, [0.5])
+    auto.observe(0, [0], 0.0, 0.4, [[0.5]])
     assert auto.next() == 3
-    auto.observe(3, 3, 2.0 + 3 * 0.2, 0.5, [0.5] * 4)  # the draft caught up on 101 tokens
+    auto.observe(3, [3], 2.0 + 3 * 0.2, 0.5, [[0.5] * 4])  # the draft caught up on 101 tokens
     assert auto.costs.draft_token is None and auto.costs.catch_up_token == pytest.approx(2.0 / 101)
     assert auto.next() == 3
-    auto.observe(3, 3, 0.3, 0.5, [0.5] * 4)
+    auto.observe(3, [3], 0.3, 0.5, [[0.5] * 4])
     assert auto.costs.draft_token == pytest.approx(0.1)
     auto.acceptance = 0.2
     assert auto.next() == 0  # now it decides
@@ -112,9 +112,9 @@ def test_simulated_auto_is_close_to_the_best_fixed_k():
 def test_stepwise_rule():
     stepwise = StepwiseLength()
     assert stepwise.next() == 3
-    stepwise.observe(3, 2, 0, 0, [])
+    stepwise.observe(3, [2], 0, 0, [[]])
     assert stepwise.next() == 4
-    stepwise.observe(4, 1, 0, 0, [])
+    stepwise.observe(4, [1], 0, 0, [[]])
     assert stepwise.next() == 3
 
 

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .calibrate import calibrate
-from .prompts import encode, load_prompts
+from .prompts import batch_prompts, encode, load_prompts
 from .report import format_report, plot, summarize, write_json
 from ..loading import resolve_draft
 from ..medusa import load_medusa_heads
@@ -23,11 +23,20 @@ from .run import Contenders, mode_names, run_modes
 
 def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_tokens=64, repeats=1,
               do_sample=False, temperature=1.0, calibrate_costs=True, progress=True, print_fn=print,
-              json_path=None, plot_path=None, encoded=None, alphas=None) -> list[dict]:
+              json_path=None, plot_path=None, encoded=None, alphas=None, batch_size=1) -> list[dict]:
     """Run and report. ``encoded``: the prompts' model inputs (default: chat-encoded with ``tokenizer``);
-    ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only)."""
+    ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only); ``batch_size``: prompts per
+    generate() call, left-padded (tokens/s then counts every row's tokens)."""
     names = mode_names(modes, ks, alphas, contenders.quantization)
     encoded = encoded or [encode(tokenizer, p.text) for p in prompts]
+    pad_token_id = None
+    if batch_size > 1:
+        if any(n.startswith("assisted@") for n in names):
+            raise ValueError("transformers' assisted generation takes one row at a time: drop the assisted mode "
+                             "for --batch-size > 1.")
+        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        prompts, encoded = batch_prompts(prompts, encoded, batch_size, pad_token_id)
+        calibrate_costs = False  # the cost model predicts one row
     if any(n.startswith(("assisted@", "draft@", "auto", "stepwise")) for n in names) and contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
     tree_nodes = None
@@ -47,9 +56,13 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     references = None
     if alphas:  # the target's own greedy continuations, for the controlled proposer (untimed)
         references = [contenders.target.generate(**inputs, **generation_kwargs) for inputs in encoded]
-    runs = run_modes(contenders, prompts, encoded, names, generation_kwargs, repeats, progress, references)
+    if pad_token_id is not None:
+        generation_kwargs["pad_token_id"] = pad_token_id
+    runs = run_modes(contenders, prompts, encoded, names, generation_kwargs, repeats, progress, references,
+                     pad_token_id)
     rows = summarize(runs, costs, max_new_tokens, tree_nodes)
-    print_fn(f"{len(prompts)} prompts x {repeats} repeats, {max_new_tokens} new tokens, "
+    batches = f" in batches of {batch_size}" if batch_size > 1 else ""
+    print_fn(f"{len(prompts)} {'batches' if batch_size > 1 else 'prompts'}{batches} x {repeats} repeats, {max_new_tokens} new tokens, "
              f"{'sampling T=' + str(temperature) if do_sample else 'greedy'}, mean prompt {prompt_length} tokens")
     print_fn(format_report(rows, costs))
     if json_path:
@@ -81,7 +94,7 @@ def main(args) -> int:
     rows = run_bench(contenders, tokenizer, prompts=prompts, modes=args.modes.split(","),
                      ks=[int(k) for k in args.k.split(",")], max_new_tokens=args.max_new_tokens,
                      repeats=args.repeats, do_sample=args.do_sample, temperature=args.temperature,
-                     json_path=args.json, plot_path=args.plot)
+                     json_path=args.json, plot_path=args.plot, batch_size=args.batch_size)
     return 0 if all(r["equal_to_vanilla"] in (None, 1.0) for r in rows) else 1
 
 

@@ -15,7 +15,7 @@ def forward_seconds(model, context: int, width: int, repeats: int = 3) -> float:
     """Median time of one forward of ``width`` new tokens on a cache warm with ``context`` tokens
     (``context`` 0: a prefill of ``width`` tokens). Token values do not change the cost: random ids."""
     vocab = model.get_output_embeddings().weight.shape[0]
-    runner = CachedModel(model, new_cache(model), None)
+    runner = CachedModel(model, new_cache(model))
     with torch.no_grad():
         if context:
             runner.forward(torch.randint(vocab, (1, context)), logits_to_keep=1)

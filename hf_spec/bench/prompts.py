@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 # Where the Spec-Bench questions lie next to a checkout of this repository
 DEFAULT_QUESTIONS = [Path("../shared/data/spec_bench_questions.jsonl"),
                      Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench_questions.jsonl"]
@@ -56,3 +58,23 @@ def encode(tokenizer, text: str) -> dict:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              return_tensors="pt", return_dict=True)
     return tokenizer(text, return_tensors="pt")
+
+
+def batch_prompts(prompts: list[Prompt], encoded: list[dict], batch_size: int, pad_token_id: int
+                  ) -> tuple[list[Prompt], list[dict]]:
+    """Consecutive prompts in left-padded batches of ``batch_size`` (the last may be smaller); a batch's
+    question_id joins its questions' ids and its category is "batch"."""
+    batched_prompts, batched_inputs = [], []
+    for start in range(0, len(prompts), batch_size):
+        group = encoded[start : start + batch_size]
+        width = max(inputs["input_ids"].shape[1] for inputs in group)
+        ids, mask = [], []
+        for inputs in group:
+            row = inputs["input_ids"][0]
+            pad = width - len(row)
+            ids.append(torch.cat([row.new_full((pad,), pad_token_id), row]))
+            mask.append(torch.cat([torch.zeros(pad, dtype=torch.long), torch.ones(len(row), dtype=torch.long)]))
+        batched_inputs.append({"input_ids": torch.stack(ids), "attention_mask": torch.stack(mask)})
+        ids_joined = "+".join(p.question_id for p in prompts[start : start + batch_size])
+        batched_prompts.append(Prompt(ids_joined, "batch", ""))
+    return batched_prompts, batched_inputs

@@ -95,11 +95,26 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     return out, seconds, stats
 
 
+def new_token_count(out: torch.LongTensor, inputs: dict, pad_token_id: int | None) -> int:
+    """Tokens generated over all rows; in a batch, the padding after a row that finished early does not count."""
+    new = out[:, inputs["input_ids"].shape[1]:]
+    if new.shape[0] == 1 or pad_token_id is None:
+        return new.numel()
+    count = 0
+    for row in new.tolist():
+        while row and row[-1] == pad_token_id:
+            row.pop()
+        count += len(row)
+    return count
+
+
 def run_modes(contenders: Contenders, prompts: list[Prompt], encoded: list[dict], modes: list[str],
-              generation_kwargs: dict, repeats: int = 1, progress: bool = True, references=None) -> list[Run]:
+              generation_kwargs: dict, repeats: int = 1, progress: bool = True, references=None,
+              pad_token_id: int | None = None) -> list[Run]:
     """All modes on all prompts; the mode order rotates from prompt to prompt so that none is always first.
 
-    encoded: the model inputs of each prompt; references: each prompt's greedy output (controlled modes)."""
+    encoded: the model inputs of each prompt (or batch of prompts); references: each prompt's greedy output
+    (controlled modes); pad_token_id: what pads a batch's rows that finished early."""
     greedy = not generation_kwargs.get("do_sample", False)
     runs = []
     bar = tqdm(total=repeats * len(prompts) * len(modes), disable=not progress, desc="bench", unit="run")
@@ -114,7 +129,7 @@ def run_modes(contenders: Contenders, prompts: list[Prompt], encoded: list[dict]
                 out, seconds, stats = generate_once(mode, contenders, inputs, generation_kwargs, reference)
                 outputs[mode] = out
                 runs.append(Run(mode, prompt.question_id, prompt.category, repeat,
-                                out.shape[1] - inputs["input_ids"].shape[1], seconds, None, stats))
+                                new_token_count(out, inputs, pad_token_id), seconds, None, stats))
                 bar.update()
             for run in runs[-len(modes):]:
                 run.equal_to_vanilla = torch.equal(outputs[run.mode], outputs["vanilla"]) if greedy else None

@@ -44,7 +44,7 @@ def simulate(schedule, verify: dict[int, float], draft_token: float, alpha: floa
             propose_s = k * draft_token + CATCH_UP_SHARE * draft_token * (behind - 1)
             behind = 0
         behind += accepted + 1
-        schedule.observe(k, accepted, propose_s, verify_s, [alpha] * (accepted + 1))
+        schedule.observe(k, [accepted], propose_s, verify_s, [[alpha] * (accepted + 1)])
         produced += accepted + 1
         seconds += propose_s + verify_s
         histogram[k] = histogram.get(k, 0) + 1

@@ -53,8 +53,9 @@ class ControlledDraftProposer(DraftModelProposer):
         super().__init__(draft, padding_mask)
         self.reference, self.alpha, self.generator = reference, alpha, generator
 
-    def propose(self, sequence, num_tokens, logits_processor, do_sample, max_depth) -> Proposal:
-        proposal = super().propose(sequence, num_tokens, logits_processor, do_sample, max_depth)
+    def propose(self, rows, num_tokens, logits_processor, do_sample, max_depth) -> Proposal:
+        proposal = super().propose(rows, num_tokens, logits_processor, do_sample, max_depth)
+        sequence = rows[0]  # one prompt at a time
         start = sequence.shape[1]
         truth = self.reference[start : start + proposal.num_tokens].to(sequence.device)
         keep = torch.rand(truth.shape, generator=self.generator) < self.alpha

@@ -30,24 +30,24 @@ class MedusaProposer:
         self.buffers: TreeBuffers = build_tree_buffers(self.paths)
         self._subtrees = {(len(self.paths), self.buffers.max_depth): self.buffers}
         self.accuracy = accuracy or HeadAccuracy(heads.num_heads)
-        self.hidden: torch.Tensor | None = None
-        self._guesses: tuple[int, torch.LongTensor] | None = None  # (sequence length, ranked candidates)
+        self.hidden: torch.Tensor | None = None  # [batch, hidden_size]
+        self._guesses: tuple[list[int], torch.LongTensor] | None = None  # (row lengths, ranked candidates)
 
-    def propose(self, sequence: torch.LongTensor, num_tokens: int, logits_processor: LogitsProcessorList,
+    def propose(self, rows: list[torch.LongTensor], num_tokens: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         """The first ``num_tokens`` nodes of the tree (all of them when num_tokens >= the tree's size), those
-        at most ``max_depth`` deep."""
-        self._judge_last_guesses(sequence)
+        at most ``max_depth`` deep, for every row."""
+        self._judge_last_guesses(rows)
         size, depth = min(num_tokens, len(self.paths)), min(max_depth, self.buffers.max_depth)
         if self.hidden is None or size == 0 or depth == 0:
-            return Proposal(tokens=sequence.new_empty(1, 0))
+            return Proposal(tokens=rows[0].new_empty(len(rows), 0))
         buffers = self._subtree(size, depth)
-        head_logits = self.head_logits(sequence)  # [num_heads, vocab]
+        head_logits = self.head_logits(rows)  # [num_heads, batch, vocab]
         top_k = min(max(self.accuracy.top_k, *buffers.top_k_per_head()), head_logits.shape[-1])
-        ranked = head_logits.topk(top_k, dim=-1).indices
-        self._guesses = (sequence.shape[1], ranked)  # row d: head d's candidates, best first
-        tokens = ranked[buffers.depths[1:] - 1, buffers.ranks].to(sequence.device)  # node (.., r) at depth d
-        return Proposal(tokens=tokens.unsqueeze(0), tree=buffers)
+        ranked = head_logits.topk(top_k, dim=-1).indices  # [num_heads, batch, top_k]: each head's candidates
+        self._guesses = ([row.shape[1] for row in rows], ranked)
+        tokens = ranked[buffers.depths[1:] - 1, :, buffers.ranks]  # [num_nodes, batch]: node (.., r) at depth d
+        return Proposal(tokens=tokens.T.to(rows[0].device), tree=buffers)
 
     def _subtree(self, size: int, depth: int) -> TreeBuffers:
         """The first ``size`` nodes that are at most ``depth`` deep."""
@@ -55,17 +55,18 @@ class MedusaProposer:
             self._subtrees[size, depth] = build_tree_buffers([p for p in self.paths[:size] if len(p) <= depth])
         return self._subtrees[size, depth]
 
-    def _judge_last_guesses(self, sequence: torch.LongTensor) -> None:
+    def _judge_last_guesses(self, rows: list[torch.LongTensor]) -> None:
         """Count the last step's guesses against the tokens that came (head d's target is the d-th)."""
         if self._guesses is not None:
-            length, ranked = self._guesses
-            self.accuracy.observe(ranked, sequence[0, length:].to(ranked.device))
+            lengths, ranked = self._guesses
+            for r, (row, length) in enumerate(zip(rows, lengths)):
+                self.accuracy.observe(ranked[:, r], row[0, length:].to(ranked.device))
             self._guesses = None
 
-    def head_logits(self, sequence: torch.LongTensor) -> torch.Tensor:
-        """[num_heads, vocab]: head i's logits for the token i + 1 places after ``sequence`` [1, S]."""
+    def head_logits(self, rows: list[torch.LongTensor]) -> torch.Tensor:
+        """[num_heads, batch, vocab]: head i's logits for the token i + 1 places after each row's ``rows[r]``."""
         with torch.no_grad():
             return self.heads(self.hidden.to(self.heads.dtype))
 
-    def advance(self, keep: int, target_hidden: torch.Tensor | None) -> None:
+    def advance(self, accepted: list[int], target_hidden: torch.Tensor | None) -> None:
         self.hidden = target_hidden

@@ -1,0 +1,158 @@
+"""Batches: left-padded rows of different lengths, each accepting its own run and finishing on its own."""
+import pytest
+import torch
+
+import hf_spec
+from hf_spec.medusa import MedusaHeads
+from hf_spec.medusa.proposer import MedusaProposer
+from hf_spec.testing import oracle_head_logits
+
+PROMPTS = ["def fib(n):", "x = 1", "class A:\n    pass", "import os", "print('hello, world')"]
+NEW_TOKENS = 20
+
+
+@pytest.fixture
+def batch(tokenizer, request):
+    return tokenizer(PROMPTS[: request.param], return_tensors="pt", padding=True)
+
+
+def plain(target, inputs, **kwargs):
+    return target.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, **kwargs)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5], indirect=True)
+@pytest.mark.parametrize("kind", ["always", "never", "partly"])
+def test_draft_batches_equal_plain_generate_row_by_row(target, drafts, batch, kind):
+    expected = plain(target, batch)
+    out = plain(target, batch, strategy="draft", draft_model=drafts[kind], num_speculative_tokens=3)
+    assert torch.equal(out, expected)
+    stats = hf_spec.last_stats()
+    if len(stats.rows) > 1:
+        assert sum(row.new_tokens for row in stats.rows) == stats.new_tokens
+        assert len(stats.k_per_step) <= NEW_TOKENS
+
+
+def test_rows_accept_different_runs(target, drafts, tokenizer):
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    plain(target, inputs, strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=4)
+    rates = [row.acceptance_rate for row in hf_spec.last_stats().rows]
+    assert len(set(rates)) > 1  # each row its own acceptance
+
+
+@pytest.mark.parametrize("batch", [2, 5], indirect=True)
+def test_rows_finish_on_their_own_eos(target, drafts, batch):
+    reference = plain(target, batch)
+    new = reference[:, batch["input_ids"].shape[1]:]
+    # an eos that some rows produce early and others late or never
+    eos = int(new[0, 3])
+    expected = plain(target, batch, eos_token_id=eos, pad_token_id=0)
+    assert (expected[:, -1] == 0).any()  # some row stopped early and was padded
+    for kind in ("always", "partly"):
+        out = plain(target, batch, eos_token_id=eos, pad_token_id=0, strategy="draft", draft_model=drafts[kind],
+                    num_speculative_tokens=3)
+        assert torch.equal(out, expected), kind
+
+
+@pytest.mark.parametrize("batch", [2, 5], indirect=True)
+@pytest.mark.parametrize("mode", ["auto", "stepwise"])
+def test_adaptive_lengths_in_batches(target, drafts, batch, mode):
+    expected = plain(target, batch)
+    out = plain(target, batch, strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=mode,
+                cache_costs=False)
+    assert torch.equal(out, expected)
+
+
+@pytest.fixture(scope="module")
+def heads(target):
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_model(target, num_heads=4)
+    for head in heads.heads:
+        torch.nn.init.normal_(head[-1].weight, std=0.5)
+    return heads
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5], indirect=True)
+@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "chain_4", "auto"])
+def test_medusa_batches_with_random_heads(target, heads, batch, tree):
+    expected = plain(target, batch)
+    out = plain(target, batch, strategy="medusa", medusa_heads=heads, tree=tree, cache_costs=False)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("batch", [2, 5], indirect=True)
+@pytest.mark.parametrize("ranks", [[0, 0, 0, 0], [0, 1, 1, 0]])
+def test_medusa_batches_accept_long_paths(target, heads, batch, monkeypatch, ranks):
+    expected = plain(target, batch)
+    monkeypatch.setattr(MedusaProposer, "head_logits", oracle_head_logits(expected, ranks))
+    out = plain(target, batch, strategy="medusa", medusa_heads=heads)
+    assert torch.equal(out, expected)
+    stats = hf_spec.last_stats()
+    assert stats.tokens_per_step > 2.5  # the oracle's paths are accepted in every row
+
+
+@pytest.mark.parametrize("batch", [3], indirect=True)
+def test_medusa_rows_finish_on_their_own_eos(target, heads, batch, monkeypatch):
+    reference = plain(target, batch)
+    eos = int(reference[0, batch["input_ids"].shape[1] + 3])
+    expected = plain(target, batch, eos_token_id=eos, pad_token_id=0)
+    monkeypatch.setattr(MedusaProposer, "head_logits", oracle_head_logits(reference, [0, 0, 0, 0]))
+    out = plain(target, batch, eos_token_id=eos, pad_token_id=0, strategy="medusa", medusa_heads=heads)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("batch", [2], indirect=True)
+def test_batch_refusals(target, drafts, batch):
+    with pytest.raises(ValueError, match="one row only"):
+        plain(target, batch, strategy="draft", draft_model=drafts["always"], return_dict_in_generate=True,
+              output_scores=True)
+    with pytest.raises(ValueError, match="repeat the prompt in the batch"):
+        plain(target, batch, strategy="draft", draft_model=drafts["always"], num_return_sequences=2)
+
+
+# --- sampling: every row follows its own prompt's distribution ---
+
+def test_sampling_is_lossless_per_row():
+    from scipy import stats as scipy_stats
+    from transformers import LogitsProcessorList, MinNewTokensLengthLogitsProcessor, TemperatureLogitsWarper
+
+    from hf_spec.testing import tiny_causal_lm
+
+    vocab, new_tokens, draws = 6, 2, 600
+    target = tiny_causal_lm("llama", seed=0, vocab_size=vocab, hidden_size=16, initializer_range=0.5)
+    draft = tiny_causal_lm("llama", seed=5, vocab_size=vocab, hidden_size=16, initializer_range=0.5)
+    prompts = [[1, 3, 4], [5, 1]]
+    input_ids = torch.tensor([[1, 3, 4], [0, 5, 1]])
+    attention_mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    sampling = dict(do_sample=True, temperature=0.8, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens, pad_token_id=0)
+
+    def exact_joint(prompt):
+        processors = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(len(prompt), new_tokens, torch.tensor([2])),
+                                          TemperatureLogitsWarper(sampling["temperature"])])
+
+        def probs(prefix):
+            ids = torch.tensor([prompt + prefix])
+            with torch.no_grad():
+                return processors(ids, target(ids).logits[:, -1].float()).softmax(-1)[0].tolist()
+
+        return {(a, b): pa * pb for a, pa in enumerate(probs([])) for b, pb in enumerate(probs([a])) if pa * pb > 0}
+
+    torch.manual_seed(0)
+    samples = [[], []]
+    for _ in range(draws):
+        out = target.generate(input_ids=input_ids, attention_mask=attention_mask, strategy="draft", draft_model=draft,
+                              num_speculative_tokens=2, **sampling)
+        for r in range(2):
+            samples[r].append(tuple(out[r, 3:].tolist()))
+    for r, prompt in enumerate(prompts):
+        joint = exact_joint(prompt)
+        counts = {}
+        for sample in samples[r]:
+            counts[sample] = counts.get(sample, 0) + 1
+        big = [cell for cell, p in joint.items() if p * draws >= 5]
+        observed = [counts.get(cell, 0) for cell in big]
+        expected = [joint[cell] * draws for cell in big]
+        if draws - sum(expected) > 1e-6:  # the small cells (and anything outside the support), pooled
+            observed.append(draws - sum(observed))
+            expected.append(draws - sum(expected))
+        assert scipy_stats.chisquare(observed, expected).pvalue > 1e-3, r
