@@ -161,7 +161,7 @@ def test_the_recipe_end_to_end(tokenizer, tmp_path):
     prompt = tokenizer("prompt number 5:", return_tensors="pt")
     expected = model.generate(**prompt, max_new_tokens=10, do_sample=False)
     assert torch.equal(model.generate(**prompt, max_new_tokens=10, do_sample=False, strategy="medusa",
-                                      medusa_heads=str(out)), expected)
+                                      medusa_heads=str(out), tree="auto"), expected)
     # the cache is reused: a second run does not generate again
     again = HiddenStates.load(out / "cache" / "train.pt")
     train_medusa(model, out, tokenizer, data, config, max_new_tokens=12, progress=False, print_fn=lambda *_: None)

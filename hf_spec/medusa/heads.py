@@ -52,9 +52,10 @@ class MedusaHeads(nn.Module):
         self.shared_lm_head = shared_lm_head
         self.name_or_path: str | None = None  # where the weights were loaded from, if they were
         self._base_lm_head: list[nn.Module] = []  # shared layout: the base model's lm_head (not in the state dict)
-        final = [] if shared_lm_head else [nn.Linear(hidden_size, vocab_size, bias=False)]
         self.heads = nn.ModuleList(
-            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], *final) for _ in range(num_heads)
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)],
+                          *([] if shared_lm_head else [nn.Linear(hidden_size, vocab_size, bias=False)]))
+            for _ in range(num_heads)
         )
 
     @property

@@ -88,9 +88,11 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
     last = min(total_steps, max_steps) if max_steps is not None else total_steps
     bar = tqdm(total=last, initial=step, desc="training heads", unit="step", disable=not progress)
     heads.train()
+    order, order_epoch = None, None
     while step < last:
         epoch, index = divmod(step, steps_per_epoch)
-        order = torch.randperm(len(data), generator=torch.Generator().manual_seed(config.seed + epoch))
+        if epoch != order_epoch:  # each epoch's order depends on the seed and the epoch only: resume finds it
+            order, order_epoch = torch.randperm(len(data), generator=torch.Generator().manual_seed(config.seed + epoch)), epoch
         batch = order[index * config.batch_size : (index + 1) * config.batch_size]
         hidden = data.hidden[batch].to(device, heads.dtype)
         targets = data.targets[batch].to(device)
@@ -102,7 +104,7 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
         optimizer.step()
         schedule.step()
         step += 1
-        entry = {"step": step, "loss": float(loss), "top1": head_top1(logits.detach(), targets)}
+        entry = {"step": step, "loss": float(loss.detach()), "top1": head_top1(logits.detach(), targets)}
         log.append(entry)
         bar.update(1)
         bar.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{a:.2f}" for a in entry["top1"]))
