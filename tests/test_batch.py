@@ -106,7 +106,8 @@ def test_batch_refusals(target, drafts, batch):
         plain(target, batch, strategy="draft", draft_model=drafts["always"], return_dict_in_generate=True,
               output_scores=True)
     with pytest.raises(ValueError, match="repeat the prompt in the batch"):
-        plain(target, batch, strategy="draft", draft_model=drafts["always"], num_return_sequences=2)
+        target.generate(**batch, do_sample=True, max_new_tokens=4, strategy="draft", draft_model=drafts["always"],
+                        num_return_sequences=2)
 
 
 # --- sampling: every row follows its own prompt's distribution ---

@@ -88,11 +88,15 @@ def plain(target, prompt, **kwargs):
 def test_auto_tree_keeps_greedy_output_and_learns_right_heads(target, prompt, heads, monkeypatch):
     expected = plain(target, prompt)
     monkeypatch.setattr(MedusaProposer, "head_logits", oracle_head_logits(expected[0], [0, 0, 0, 0]))
-    out = plain(target, prompt, strategy="medusa", medusa_heads=heads, tree="auto", cache_costs=False)
+    from hf_spec.schedule import _MEMORY
+
+    _MEMORY.clear()
+    out = plain(target, prompt, strategy="medusa", medusa_heads=heads, tree="auto")
     assert torch.equal(out, expected)
     stats = hf_spec.last_stats()
     assert stats.k_per_step[:2] == [0, 63]  # measure plain decoding, then the whole tree
-    assert stats.accepted > 0 and stats.tokens_per_step > 2
+    accuracy = next(iter(_MEMORY.values())).head_accuracy  # which sizes follow depends on timings; this does not
+    assert all(accuracy.rate(head, 0) > 0.5 for head in range(4))
 
 
 def test_auto_tree_with_wrong_heads_keeps_greedy_output(target, prompt, heads):

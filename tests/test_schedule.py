@@ -142,7 +142,7 @@ def test_auto_decodes_plainly_with_a_draft_that_is_never_right_and_leaves_it_idl
     finally:
         hook.remove()
     ks = hf_spec.last_stats().k_per_step
-    assert ks[3:].count(0) >= 0.9 * len(ks[3:])  # after measuring the draft: plain decoding
+    assert ks[3:].count(0) >= 0.75 * len(ks[3:])  # after measuring the draft: mostly plain (each bin learns once)
     assert len(calls) == sum(ks)  # one draft forward per proposed token; none in plain steps
 
 
