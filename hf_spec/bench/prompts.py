@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,8 @@ def load_prompts(path: str | Path | None = None, per_category: int | None = None
     """The first turn of each question; with ``per_category`` the first N of each category in file order."""
     path = Path(path) if path else default_questions_path()
     if path is None:
+        warnings.warn("No Spec-Bench questions next to this checkout (../shared/data/spec_bench_questions.jsonl): "
+                      "using 4 built-in prompts. Pass --questions to bench on Spec-Bench.", stacklevel=2)
         prompts = [Prompt(f"builtin-{i}", category, text) for i, (category, text) in enumerate(BUILTIN)]
     else:
         prompts = []
