@@ -112,7 +112,8 @@ def test_batch_refusals(target, drafts, batch):
 
 # --- sampling: every row follows its own prompt's distribution ---
 
-def test_sampling_is_lossless_per_row():
+@pytest.mark.parametrize("strategy", ["draft", "medusa"])
+def test_sampling_is_lossless_per_row(strategy):
     from scipy import stats as scipy_stats
     from transformers import LogitsProcessorList, MinNewTokensLengthLogitsProcessor, TemperatureLogitsWarper
 
@@ -138,11 +139,19 @@ def test_sampling_is_lossless_per_row():
 
         return {(a, b): pa * pb for a, pa in enumerate(probs([])) for b, pb in enumerate(probs([a])) if pa * pb > 0}
 
+    if strategy == "draft":
+        kwargs = dict(strategy="draft", draft_model=draft, num_speculative_tokens=2)
+    else:
+        torch.manual_seed(3)
+        heads = MedusaHeads.for_model(target, num_heads=2)
+        for head in heads.heads:
+            torch.nn.init.normal_(head[-1].weight, std=1.0)
+        kwargs = dict(strategy="medusa", medusa_heads=heads, tree=[[0], [1], [0, 0], [0, 1], [1, 0]])
     torch.manual_seed(0)
-    samples = [[], []]
+    samples, accepted = [[], []], 0
     for _ in range(draws):
-        out = target.generate(input_ids=input_ids, attention_mask=attention_mask, strategy="draft", draft_model=draft,
-                              num_speculative_tokens=2, **sampling)
+        out = target.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs, **sampling)
+        accepted += hf_spec.last_stats().accepted
         for r in range(2):
             samples[r].append(tuple(out[r, 3:].tolist()))
     for r, prompt in enumerate(prompts):
@@ -157,3 +166,4 @@ def test_sampling_is_lossless_per_row():
             observed.append(draws - sum(observed))
             expected.append(draws - sum(expected))
         assert scipy_stats.chisquare(observed, expected).pvalue > 1e-3, r
+    assert accepted > 0  # proposals were accepted, so the acceptance rule was exercised
