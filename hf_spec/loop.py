@@ -123,7 +123,7 @@ def speculative_generate(
     with timer("prefill_s"):
         target.rollback(prompt_length - 1)
         if padding_mask is not None and target.length:  # a cache generate() was given: its entries' padding
-            target.valid = target._compressed(padding_mask[:, : target.length].bool().to(target.device))
+            target.valid = padding_mask[:, : target.length].bool().to(target.device)
         if target.length < prompt_length - 1:
             valid = None if padding_mask is None else padding_mask[:, target.length : -1].bool()
             prefill = target.forward(input_ids[:, target.length : -1], 1, valid=valid, hidden_states=hidden_states)

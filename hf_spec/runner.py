@@ -48,13 +48,22 @@ class CachedModel:
         self.cache = cache
         self.device = model.device
         self.batch_size = batch_size
-        self.valid: torch.BoolTensor | None = None
+        self._valid: torch.BoolTensor | None = None
         self._cache_kwargs = cache_kwargs(model, cache)
         self._takes_logits_to_keep = _takes_logits_to_keep(type(model))
 
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
+
+    @property
+    def valid(self) -> torch.BoolTensor | None:
+        """[batch, length]: which entries each row attends; None while all of them are valid."""
+        return self._valid
+
+    @valid.setter
+    def valid(self, value: torch.BoolTensor | None) -> None:
+        self._valid = None if value is None or bool(value.all()) else value
 
     def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0, valid: torch.BoolTensor | None = None,
                 tree_mask: torch.BoolTensor | None = None, tree_depths: torch.LongTensor | None = None,
@@ -64,15 +73,19 @@ class CachedModel:
         the last hidden states [batch, m, hidden]. tree_mask [n, n] (True: row may attend column) and
         tree_depths [n] make the block a tree."""
         tokens = tokens.to(self.device)
+        n = tokens.shape[1]
         valid = None if valid is None or bool(valid.all()) else valid.to(self.device)
+        masked = self._valid is not None or valid is not None
+        past, block = self._past_and_block(n, valid) if masked or tree_mask is not None else (None, None)
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         if tree_mask is None:
-            layout = self._chain_layout(tokens.shape[1], valid)
+            layout = self._chain_layout(n, past, block)
         else:
-            layout = self._tree_layout(tree_mask.to(self.device), tree_depths.to(self.device), valid)
+            layout = self._tree_layout(tree_mask.to(self.device), tree_depths.to(self.device), past, block)
         outputs = self.model(input_ids=tokens, **layout, **self._cache_kwargs, use_cache=True,
                              output_hidden_states=hidden_states, **extra)
-        self.valid = self._appended(valid, tokens.shape[1])
+        if masked:
+            self.valid = torch.cat([past, block], dim=-1)
         logits = outputs.logits
         logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
         hidden = outputs.hidden_states[-1][:, -logits.shape[1]:] if hidden_states else None
@@ -81,8 +94,8 @@ class CachedModel:
     def rollback(self, length: int) -> None:
         """Keep the first ``length`` entries."""
         rollback(self.cache, length)
-        if self.valid is not None:
-            self.valid = self._compressed(self.valid[:, :length])
+        if self._valid is not None:
+            self.valid = self._valid[:, :length]
 
     def keep(self, block_start: int, kept: list[list[int]], compact_layer=None) -> None:
         """Keep the entries before ``block_start``, then, in row r, the block entries ``block_start + i`` for i in
@@ -95,12 +108,12 @@ class CachedModel:
                 keep_path(self.cache, block_start, block_start, kept[0], compact_layer)
             else:
                 self._gather(block_start, kept, width)
-        if self.valid is not None or any(len(k) < width for k in kept):
-            valid = self.valid if self.valid is not None else torch.ones(
+        if self._valid is not None or any(len(k) < width for k in kept):
+            valid = self._valid if self._valid is not None else torch.ones(
                 self.batch_size, block_start + max(max(k, default=0) for k in kept) + 1, dtype=torch.bool,
                 device=self.device)
             moved = torch.stack([self._row_validity(valid[r], block_start, k, width) for r, k in enumerate(kept)])
-            self.valid = self._compressed(torch.cat([valid[:, :block_start], moved], dim=-1))
+            self.valid = torch.cat([valid[:, :block_start], moved], dim=-1)
         rollback(self.cache, block_start + width)
 
     @staticmethod
@@ -119,41 +132,26 @@ class CachedModel:
                 source = index.to(states.device)[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
                 states[:, :, block_start : block_start + width] = states.gather(2, source)
 
-    def _appended(self, valid: torch.BoolTensor | None, n: int) -> torch.BoolTensor | None:
-        """The validity of the cache after n entries were appended with ``valid`` [batch, n] (None: all valid)."""
-        if self.valid is None and valid is None:
-            return None
-        before = self.valid if self.valid is not None else torch.ones(
-            self.batch_size, self.length - n, dtype=torch.bool, device=self.device)
-        after = valid if valid is not None else torch.ones(self.batch_size, n, dtype=torch.bool, device=self.device)
-        return self._compressed(torch.cat([before, after], dim=-1))
-
-    @staticmethod
-    def _compressed(valid: torch.BoolTensor) -> torch.BoolTensor | None:
-        return None if bool(valid.all()) else valid
-
     def _past_and_block(self, n: int, valid: torch.BoolTensor | None) -> tuple[torch.BoolTensor, torch.BoolTensor]:
-        past = self.valid if self.valid is not None else torch.ones(
+        past = self._valid if self._valid is not None else torch.ones(
             self.batch_size, self.length, dtype=torch.bool, device=self.device)
         block = valid if valid is not None else torch.ones(self.batch_size, n, dtype=torch.bool, device=self.device)
         return past, block
 
-    def _chain_layout(self, n: int, valid: torch.BoolTensor | None) -> dict:
-        start = self.length
-        if self.valid is None and valid is None:
-            positions = torch.arange(start, start + n, device=self.device).expand(self.batch_size, n)
-            return {"position_ids": positions}
-        past, block = self._past_and_block(n, valid)
+    def _chain_layout(self, n: int, past: torch.BoolTensor | None, block: torch.BoolTensor | None) -> dict:
+        if past is None:  # every entry valid: positions only
+            start = self.length
+            return {"position_ids": torch.arange(start, start + n, device=self.device).expand(self.batch_size, n)}
         # e.g. a row's past [0, 0, 1, 1] (two pads) and block [1, 1] -> positions [2, 3]
         positions = past.sum(-1, keepdim=True) + block.long().cumsum(-1) - 1
         mask = torch.cat([past, block], dim=-1).long()
         return {"position_ids": positions.clamp_(min=0), "attention_mask": mask}
 
-    def _tree_layout(self, tree_mask: torch.BoolTensor, depths: torch.LongTensor, valid: torch.BoolTensor | None) -> dict:
+    def _tree_layout(self, tree_mask: torch.BoolTensor, depths: torch.LongTensor, past: torch.BoolTensor,
+                     block: torch.BoolTensor) -> dict:
         """Root at the position the row's next token would take; node at root + depth. 4D mask
         [batch, 1, n, length + n]: 0 where a query may attend, the dtype's minimum elsewhere."""
         n = tree_mask.shape[0]
-        past, block = self._past_and_block(n, valid)
         positions = past.sum(-1, keepdim=True) + depths.unsqueeze(0)
         allowed = torch.cat([past[:, None, :].expand(-1, n, -1), tree_mask[None] & block[:, None, :]], dim=-1)
         dtype = self.model.dtype
