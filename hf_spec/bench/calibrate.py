@@ -21,15 +21,22 @@ def forward_seconds(model, context: int, width: int, repeats: int = 3) -> float:
             runner.forward(torch.randint(vocab, (1, context)), logits_to_keep=1)
         runner.forward(torch.randint(vocab, (1, width)), logits_to_keep=width)  # warm-up: first calls of a shape
         runner.rollback(context)
-        times = []
-        for _ in range(repeats):
-            tokens = torch.randint(vocab, (1, width))
-            start = time.perf_counter()
-            runner.forward(tokens, logits_to_keep=width)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-            runner.rollback(context)
+        tokens = torch.randint(vocab, (1, width))
+        return median_seconds(lambda: runner.forward(tokens, logits_to_keep=width), model.device, repeats,
+                              after=lambda: runner.rollback(context))
+
+
+def median_seconds(run, device, repeats: int = 5, after=None) -> float:
+    """Median wall time of ``run()`` (CUDA work waited for); ``after()`` runs untimed after each call."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        if after is not None:
+            after()
     return statistics.median(times)
 
 

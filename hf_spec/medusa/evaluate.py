@@ -11,13 +11,11 @@
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from ..bench.calibrate import forward_seconds
+from ..bench.calibrate import forward_seconds, median_seconds
 from ..schedule import CostEstimates, best_tree_size, tree_rate
 from ..trees import MC_SIM_7B_63, NAMED_TREES
 from .accuracy import HeadAccuracy
@@ -76,16 +74,9 @@ def heads_seconds(heads: MedusaHeads, repeats: int = 5) -> float:
     """The heads' time for one step (one hidden state in, every head's logits and top-k out)."""
     device = next(heads.parameters()).device
     hidden = torch.randn(heads.hidden_size, device=device, dtype=heads.dtype)
-    times = []
     with torch.no_grad():
-        heads(hidden).topk(10, dim=-1)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            heads(hidden).topk(10, dim=-1)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        heads(hidden).topk(10, dim=-1)  # warm-up
+        return median_seconds(lambda: heads(hidden).topk(10, dim=-1), device, repeats)
 
 
 def measure_costs(model, heads: MedusaHeads, context: int, widths=(1, 2, 3, 5, 9, 17, 33, 64)) -> CostEstimates:
