@@ -26,6 +26,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from .costmodel import expected_tokens_per_step
+
 
 class DraftLength:
     """A schedule: the loop calls start() once, then next() and observe() at every step."""
@@ -214,7 +216,7 @@ class AutoLength(DraftLength):
         if k == 0:
             return 1.0 / self.costs.verify_cost(1)
         step = k * self.draft_token_cost() + self.costs.verify_cost(k + 1)
-        return (1.0 + sum(self.survival(k))) / step
+        return expected_tokens_per_step(self.survival(k)) / step
 
     def best_k(self, smallest: int = 0) -> int:
         return max(range(smallest, self.max_k + 1), key=self.expected_rate)

@@ -62,12 +62,11 @@ def replayed_tokens_per_step(ranks: torch.LongTensor, paths: list[tuple[int, ...
         for head, rank in enumerate(path):
             node &= complete[:, head] == rank
         right[:, j] = node
+    if not len(complete):
+        return [1.0] * (len(paths) + 1)
     depth = torch.tensor([len(p) for p in paths])
-    expected = [1.0]
-    for n in range(1, len(paths) + 1):
-        accepted = (right[:, :n] * depth[:n]).amax(1).float()
-        expected.append(1.0 + float(accepted.mean()) if len(complete) else 1.0)
-    return expected
+    deepest = (right * depth).cummax(dim=1).values.float()  # [positions, n]: deepest right node among the first n
+    return [1.0, *(1.0 + deepest.mean(0)).tolist()]
 
 
 def heads_seconds(heads: MedusaHeads, repeats: int = 5) -> float:
