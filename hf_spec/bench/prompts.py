@@ -63,6 +63,13 @@ def encode(tokenizer, text: str) -> dict:
     return tokenizer(text, return_tensors="pt")
 
 
+def left_padded(rows: list[list[int]], pad_token_id: int) -> dict:
+    """Token lists as one left-padded batch: {"input_ids", "attention_mask"} [batch, longest]."""
+    width = max(len(row) for row in rows)
+    return {"input_ids": torch.tensor([[pad_token_id] * (width - len(row)) + row for row in rows]),
+            "attention_mask": torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])}
+
+
 def batch_prompts(prompts: list[Prompt], encoded: list[dict], batch_size: int, pad_token_id: int
                   ) -> tuple[list[Prompt], list[dict]]:
     """Consecutive prompts in left-padded batches of ``batch_size`` (the last may be smaller); a batch's
@@ -70,14 +77,7 @@ def batch_prompts(prompts: list[Prompt], encoded: list[dict], batch_size: int, p
     batched_prompts, batched_inputs = [], []
     for start in range(0, len(prompts), batch_size):
         group = encoded[start : start + batch_size]
-        width = max(inputs["input_ids"].shape[1] for inputs in group)
-        ids, mask = [], []
-        for inputs in group:
-            row = inputs["input_ids"][0]
-            pad = width - len(row)
-            ids.append(torch.cat([row.new_full((pad,), pad_token_id), row]))
-            mask.append(torch.cat([torch.zeros(pad, dtype=torch.long), torch.ones(len(row), dtype=torch.long)]))
-        batched_inputs.append({"input_ids": torch.stack(ids), "attention_mask": torch.stack(mask)})
+        batched_inputs.append(left_padded([inputs["input_ids"][0].tolist() for inputs in group], pad_token_id))
         ids_joined = "+".join(p.question_id for p in prompts[start : start + batch_size])
         batched_prompts.append(Prompt(ids_joined, "batch", ""))
     return batched_prompts, batched_inputs

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..bench.prompts import left_padded
+
 IGNORE = -100
 
 
@@ -92,13 +94,10 @@ def self_distill(model, tokenizer, prompts: list[TextPrompt], max_new_tokens: in
     bar = tqdm(total=len(order), desc="self-distillation", unit="prompt", disable=not progress)
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
-        width = max(len(encoded[i]) for i in batch)
-        ids = torch.tensor([[pad] * (width - len(encoded[i])) + encoded[i] for i in batch], device=model.device)
-        mask = torch.tensor([[0] * (width - len(encoded[i])) + [1] * len(encoded[i]) for i in batch],
-                            device=model.device)
+        inputs = {key: value.to(model.device) for key, value in left_padded([encoded[i] for i in batch], pad).items()}
+        width = inputs["input_ids"].shape[1]
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                 do_sample=do_sample, pad_token_id=pad)
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad)
         for row, i in enumerate(batch):
             continuation = out[row, width:].tolist()
             end = next((j + 1 for j, token in enumerate(continuation) if token in eos), len(continuation))
