@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--max-new-tokens", type=int, default=128, help="self-distilled continuation length")
     train.add_argument("--generation-batch-size", type=int, default=8)
     train.add_argument("--do-sample", action="store_true", help="sampled continuations instead of greedy")
+    train.add_argument("--samples-per-prompt", type=int, default=1,
+                       help="also N - 1 sampled continuations of each training prompt (more data)")
+    train.add_argument("--temperature", type=float, default=0.7, help="for the extra sampled continuations")
+    train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--eval-every", type=int, default=5, help="question_id %% N == 0 is held out")
     train.add_argument("--limit", type=int, help="at most this many training prompts")
     train.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt")
@@ -90,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
 
         config = TrainConfig(num_heads=args.num_heads, num_layers=args.num_layers, shared_lm_head=not args.own_lm_heads,
                              epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                             loss_decay=args.loss_decay)
+                             loss_decay=args.loss_decay, weight_decay=args.weight_decay)
         train_medusa(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
                      max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
-                     do_sample=args.do_sample, limit=args.limit, resume=args.resume)
+                     do_sample=args.do_sample, limit=args.limit, samples_per_prompt=args.samples_per_prompt,
+                     temperature=args.temperature, resume=args.resume)
         return 0
     if args.command == "export-medusa":
         from transformers import AutoModelForCausalLM

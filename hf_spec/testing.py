@@ -77,7 +77,7 @@ def oracle_head_logits(reference: torch.LongTensor, ranks: list[int]):
     references = reference.tolist() if reference.dim() == 2 else None
     reference_row = reference.tolist() if reference.dim() == 1 else None
 
-    def head_logits(self, rows: list[torch.LongTensor]) -> torch.Tensor:
+    def head_logits(self, rows: list[torch.LongTensor], num_heads: int | None = None) -> torch.Tensor:
         vocab = self.heads.vocab_size
         logits = torch.zeros(self.heads.num_heads, len(rows), vocab)
         for r, row in enumerate(rows):

@@ -108,3 +108,16 @@ def test_heads_for_another_model_are_refused(prompt):
     wide = tiny_causal_lm("llama", hidden_size=32)
     with pytest.raises(ValueError, match="expect hidden size 16"):
         wide.generate(**prompt, max_new_tokens=4, strategy="medusa", medusa_heads=MedusaHeads.for_model(small))
+
+
+@pytest.mark.parametrize("tree, heads_run", [("chain_4", 4), ([[0], [1], [0, 0]], 2), ("auto", 4)])
+def test_only_the_heads_a_fixed_tree_reaches_run(target, prompt, heads, tree, heads_run):
+    calls = [0] * heads.num_heads
+    hooks = [head.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, head in enumerate(heads.heads)]
+    try:
+        assert torch.equal(medusa(target, prompt, heads, tree, cache_costs=False), plain(target, prompt))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert all(calls[:heads_run]) and not any(calls[heads_run:])

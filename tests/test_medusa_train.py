@@ -120,14 +120,17 @@ def test_the_shared_layout_needs_its_flag_and_its_base_model(small_model, tmp_pa
         load_medusa_heads(full, base_model=small_model)
 
 
-def test_replayed_tokens_per_step_worked_example():
-    # two positions; ranks of the tokens that came, per head
+def test_replayed_tokens_per_step_walks_like_the_loop():
+    # one continuation, three positions; ranks of the tokens that came, per head
     ranks = torch.tensor([[0, 1], [1, NOT_IN_TOP_K], [0, 0]])
     paths = [(0,), (0, 0), (1,), (0, 1)]
-    # position 0: (0,) and (0, 1) right -> depth 1 until (0, 1) joins -> 2; position 1: (1,) -> 1; position 2: (0, 0) -> 2
-    assert replayed_tokens_per_step(ranks, paths) == pytest.approx([1.0, 1 + 2 / 3, 1 + 3 / 3, 1 + 4 / 3, 1 + 5 / 3])
-    with_gap = torch.tensor([[0, NO_TARGET]])  # near a continuation's end: left out
-    assert replayed_tokens_per_step(torch.cat([ranks, with_gap]), paths)[-1] == pytest.approx(1 + 5 / 3)
+    # n = 1: steps at 0 (+1) and 2 (+1); n = 2: at 0 (+1) and 2 (+2 by (0, 0)); n = 3: (1,) is right only at
+    # position 1, which the walk steps over; n = 4: (0, 1) takes 0 to 3 in one step
+    assert replayed_tokens_per_step(ranks, paths) == pytest.approx([1.0, 4 / 2, 5 / 2, 5 / 2, 3 / 1])
+    # two continuations (a last row has no target for head 1): a step does not run on into the next one
+    two = torch.tensor([[0, 1], [0, NO_TARGET], [NOT_IN_TOP_K, 0], [0, NO_TARGET]])
+    assert replayed_tokens_per_step(two, paths)[-1] == pytest.approx((3 + 1 + 2) / 3)
+    assert replayed_tokens_per_step(two[:, :1], paths[:1])[-1] == pytest.approx((2 + 1 + 2) / 3)  # one head: no ends
 
 
 def test_accuracy_from_ranks():
@@ -167,3 +170,34 @@ def test_the_recipe_end_to_end(tokenizer, tmp_path):
     train_medusa(model, out, tokenizer, data, config, max_new_tokens=12, progress=False, print_fn=lambda *_: None)
     assert torch.equal(HiddenStates.load(out / "cache" / "train.pt").hidden, again.hidden)
     assert hf_spec.last_stats().strategy == "medusa"
+
+
+def test_extra_sampled_continuations_add_training_data_only(tokenizer, tmp_path):
+    model = tiny_causal_lm("qwen2", seed=0)
+    rows = [{"question_id": i, "category": "c", "turns": [f"prompt number {i}:"]} for i in range(1, 11)]
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = TrainConfig(num_heads=2, epochs=1, batch_size=16)
+    sizes = {}
+    for samples in (1, 3):
+        out = tmp_path / f"heads{samples}"
+        train_medusa(model, out, tokenizer, data, config, max_new_tokens=8, samples_per_prompt=samples,
+                     temperature=1.0, progress=False, print_fn=lambda *_: None)
+        sizes[samples] = (len(HiddenStates.load(out / "cache" / "train.pt")), len(HiddenStates.load(out / "cache" / "eval.pt")))
+    assert sizes[3][0] > 2 * sizes[1][0] and sizes[3][1] == sizes[1][1]
+    with pytest.raises(ValueError, match="samples_per_prompt"):
+        train_medusa(model, tmp_path / "bad", tokenizer, data, config, samples_per_prompt=0, progress=False)
+
+
+def test_verify_costs_are_measured_as_tree_prefixes(small_model):
+    from hf_spec.bench.calibrate import forward_seconds
+    from hf_spec.medusa.evaluate import measure_costs
+    from hf_spec.trees import build_tree_buffers
+
+    heads = MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True)
+    paths = [(0,), (0, 0), (1,), (0, 1), (2,)]
+    costs = measure_costs(small_model, heads, context=8, paths=paths)
+    assert sorted(costs.verify) == [1, 2, 3, 5, 6] and all(v > 0 for v in costs.verify.values())
+    assert costs.propose_step > 0
+    with pytest.raises(ValueError, match="verified 3 wide"):
+        forward_seconds(small_model, 8, 4, tree=build_tree_buffers(paths[:2]))

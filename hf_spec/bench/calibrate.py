@@ -9,21 +9,29 @@ import torch
 from ..cache import new_cache
 from ..costmodel import Costs
 from ..runner import CachedModel
+from ..trees import TreeBuffers
 
 
-def forward_seconds(model, context: int, width: int, repeats: int = 3) -> float:
+def forward_seconds(model, context: int, width: int, repeats: int = 3, tree: TreeBuffers | None = None) -> float:
     """Median time of one forward of ``width`` new tokens on a cache warm with ``context`` tokens
-    (``context`` 0: a prefill of ``width`` tokens). Token values do not change the cost: random ids."""
+    (``context`` 0: a prefill of ``width`` tokens); with ``tree`` (width = its nodes + the root), verified as
+    that tree, with its attention mask. Token values do not change the cost: random ids."""
+    if tree is not None and width != tree.num_nodes + 1:
+        raise ValueError(f"A tree of {tree.num_nodes} nodes is verified {tree.num_nodes + 1} wide, not {width}.")
     vocab = model.get_output_embeddings().weight.shape[0]
     runner = CachedModel(model, new_cache(model))
+    layout = {} if tree is None else {"tree_mask": tree.ancestor_mask, "tree_depths": tree.depths}
+
+    def verify():
+        runner.forward(tokens, logits_to_keep=width, **layout)
+
     with torch.no_grad():
         if context:
             runner.forward(torch.randint(vocab, (1, context)), logits_to_keep=1)
-        runner.forward(torch.randint(vocab, (1, width)), logits_to_keep=width)  # warm-up: first calls of a shape
-        runner.rollback(context)
         tokens = torch.randint(vocab, (1, width))
-        return median_seconds(lambda: runner.forward(tokens, logits_to_keep=width), model.device, repeats,
-                              after=lambda: runner.rollback(context))
+        verify()  # warm-up: first calls of a shape
+        runner.rollback(context)
+        return median_seconds(verify, model.device, repeats, after=lambda: runner.rollback(context))
 
 
 def median_seconds(run, device, repeats: int = 5, after=None) -> float:

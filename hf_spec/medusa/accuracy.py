@@ -44,8 +44,8 @@ class HeadAccuracy:
 
     def observe(self, ranked: torch.LongTensor, came: torch.LongTensor) -> None:
         """ranked [num_heads, >= top_k]: each head's candidates, best first; came [m]: the tokens that
-        followed, came[d] being head d's target. Heads beyond m are not judged."""
-        for head in range(min(self.num_heads, len(came))):
+        followed, came[d] being head d's target. Heads beyond m, or not run, are not judged."""
+        for head in range(min(self.num_heads, len(came), len(ranked))):
             hit = (ranked[head, : self.top_k] == came[head]).nonzero()
             self.update(head, int(hit[0, 0]) if len(hit) else None)
 

@@ -81,10 +81,11 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
 
 
 def self_distill(model, tokenizer, prompts: list[TextPrompt], max_new_tokens: int = 128, batch_size: int = 8,
-                 do_sample: bool = False, max_prompt_tokens: int = 512, progress: bool = True
-                 ) -> list[tuple[list[int], int]]:
+                 do_sample: bool = False, max_prompt_tokens: int = 512, progress: bool = True,
+                 temperature: float | None = None) -> list[tuple[list[int], int]]:
     """(prompt + continuation token ids, prompt length) for each prompt, continued by ``model`` in batches of
-    left-padded prompts; a continuation ends at the model's eos (kept) or after ``max_new_tokens``."""
+    left-padded prompts; a continuation ends at the model's eos (kept) or after ``max_new_tokens``.
+    ``temperature`` (sampling only) overrides the model's generation config."""
     encoded = [encode_prompt(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -97,7 +98,8 @@ def self_distill(model, tokenizer, prompts: list[TextPrompt], max_new_tokens: in
         inputs = {key: value.to(model.device) for key, value in left_padded([encoded[i] for i in batch], pad).items()}
         width = inputs["input_ids"].shape[1]
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad)
+            sampling = {"do_sample": True, "temperature": temperature} if do_sample and temperature else {"do_sample": do_sample}
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
         for row, i in enumerate(batch):
             continuation = out[row, width:].tolist()
             end = next((j + 1 for j, token in enumerate(continuation) if token in eos), len(continuation))
@@ -151,7 +153,8 @@ def collect_hidden_states(model, sequences: list[tuple[list[int], int]], num_hea
         if not positions:
             continue
         with torch.no_grad():
-            out = model(torch.tensor([tokens], device=model.device), output_hidden_states=True, use_cache=False)
+            out = model(torch.tensor([tokens], device=model.device), output_hidden_states=True, use_cache=False,
+                        logits_to_keep=1)  # the hidden states are what is kept, not the logits
         hidden.append(out.hidden_states[-1][0, positions].to("cpu", dtype))
         targets.append(rows)
     if not hidden:

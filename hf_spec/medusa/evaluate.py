@@ -2,9 +2,10 @@
 
 - per-head top-1 and top-5 accuracy on held-out hidden states (the table the Medusa paper publishes);
 - tokens per step a tree should give, two ways: Medusa's product of per-head accuracies (heads taken as
-  independent, ``HeadAccuracy.expected_tokens``), and replayed: at every held-out position, the deepest
-  tree node whose every guess matches the tokens that came, which is what a greedy step starting there
-  accepts (heads are not independent: a right head 0 makes a right head 1 likelier);
+  independent, ``HeadAccuracy.expected_tokens``), and replayed: a greedy loop walked along the held-out
+  continuations, each step gaining the deepest tree node whose every guess matches the tokens that came and
+  the next step starting where that run ended (heads are not independent: a right head 0 makes a right
+  head 1 likelier);
 - the tree for the hardware: among the prefixes of the default tree, the one that maximises expected
   tokens per second E(n) / (H + V(n + 1)) with the measured verify costs V and heads' time H — the cost
   model of ``tree="auto"`` (``hf_spec.schedule.best_tree_size``).
@@ -17,7 +18,7 @@ import torch
 
 from ..bench.calibrate import forward_seconds, median_seconds
 from ..schedule import CostEstimates, best_tree_size, tree_rate
-from ..trees import MC_SIM_7B_63, NAMED_TREES
+from ..trees import MC_SIM_7B_63, NAMED_TREES, build_tree_buffers
 from .accuracy import HeadAccuracy
 from .data import IGNORE, HiddenStates
 from .heads import MedusaHeads
@@ -53,20 +54,37 @@ def accuracy_from_ranks(ranks: torch.LongTensor, top_k: int = 10) -> HeadAccurac
 
 
 def replayed_tokens_per_step(ranks: torch.LongTensor, paths: list[tuple[int, ...]]) -> list[float]:
-    """E(n) for every prefix n = 0..len(paths): 1 + the mean depth of the deepest node, among the first n,
-    whose every guess was right. Positions near a continuation's end (some head without a target) are left out."""
-    complete = ranks[(ranks[:, : max(len(p) for p in paths)] != NO_TARGET).all(1)]
-    right = torch.zeros(len(complete), len(paths), dtype=torch.bool)
+    """E(n) for every prefix n = 0..len(paths): the tokens per step a greedy loop verifying the first n nodes
+    would make on the held-out continuations. Each step starts where the previous one's accepted run ended
+    and gains 1 + the depth of the deepest node whose every guess was right (where predictable stretches
+    cluster, a loop crosses them in few steps: a mean over all positions would overstate what it gains).
+
+    ``ranks`` are ``target_ranks`` of ``HiddenStates`` rows, sequence after sequence; a sequence's last row
+    is the only one whose head 1 has no target (``targets_for``), so with one head the sequences run together."""
+    right = torch.zeros(len(ranks), len(paths), dtype=torch.bool)
     for j, path in enumerate(paths):
-        node = torch.ones(len(complete), dtype=torch.bool)
+        node = torch.ones(len(ranks), dtype=torch.bool)
         for head, rank in enumerate(path):
-            node &= complete[:, head] == rank
+            node &= ranks[:, head] == rank
         right[:, j] = node
-    if not len(complete):
+    depth = torch.tensor([len(p) for p in paths], dtype=torch.long)
+    # [positions, n + 1]: tokens the heads add at a step starting there, verifying the first n nodes
+    gained = torch.cat([torch.zeros(len(ranks), 1, dtype=torch.long), (right * depth).cummax(dim=1).values], dim=1)
+    ends = (ranks[:, 1] == NO_TARGET).nonzero().flatten().tolist() if ranks.shape[1] > 1 else []
+    if not ends or ends[-1] != len(ranks) - 1:
+        ends.append(len(ranks) - 1)
+    tokens = torch.zeros(len(paths) + 1, dtype=torch.long)
+    steps = torch.zeros(len(paths) + 1, dtype=torch.long)
+    columns, start = torch.arange(len(paths) + 1), 0
+    for end in ends:
+        position = torch.full((len(paths) + 1,), start, dtype=torch.long)
+        while (active := position <= end).any():
+            step = torch.where(active, 1 + gained[position.clamp(max=end), columns], 0)
+            tokens, steps, position = tokens + step, steps + active.long(), position + step
+        start = end + 1
+    if not steps[0]:
         return [1.0] * (len(paths) + 1)
-    depth = torch.tensor([len(p) for p in paths])
-    deepest = (right * depth).cummax(dim=1).values.float()  # [positions, n]: deepest right node among the first n
-    return [1.0, *(1.0 + deepest.mean(0)).tolist()]
+    return (tokens.float() / steps.float()).tolist()
 
 
 def heads_seconds(heads: MedusaHeads, repeats: int = 5) -> float:
@@ -78,10 +96,14 @@ def heads_seconds(heads: MedusaHeads, repeats: int = 5) -> float:
         return median_seconds(lambda: heads(hidden).topk(10, dim=-1), device, repeats)
 
 
-def measure_costs(model, heads: MedusaHeads, context: int, widths=(1, 2, 3, 5, 9, 17, 33, 64)) -> CostEstimates:
-    """V(w) for the widths a tree prefix may take, on a cache warm with ``context`` tokens, and H."""
-    return CostEstimates(verify={w: forward_seconds(model, context, w) for w in widths},
-                         propose_step=heads_seconds(heads))
+def measure_costs(model, heads: MedusaHeads, context: int, paths: list[tuple[int, ...]],
+                  sizes=(1, 2, 4, 8, 16, 32, 64)) -> CostEstimates:
+    """V(n + 1) for prefixes of n nodes of ``paths`` (verified as trees, with their attention masks: what a
+    step costs), on a cache warm with ``context`` tokens; V(1), plain decoding; and H."""
+    verify = {1: forward_seconds(model, context, 1)}
+    for n in sorted({min(size, len(paths)) for size in sizes}):
+        verify[n + 1] = forward_seconds(model, context, n + 1, tree=build_tree_buffers(paths[:n]))
+    return CostEstimates(verify=verify, propose_step=heads_seconds(heads))
 
 
 @dataclass
@@ -139,6 +161,6 @@ def evaluate_heads(heads: MedusaHeads, data: HiddenStates, model=None, context: 
     ranks = target_ranks(heads, data)
     evaluation = Evaluation(accuracy_from_ranks(ranks), paths, replayed_tokens_per_step(ranks, paths))
     if model is not None:
-        evaluation.costs = measure_costs(model, heads, context)
+        evaluation.costs = measure_costs(model, heads, context, paths)
         evaluation.chosen_size = best_tree_size(evaluation.replayed, evaluation.costs)
     return evaluation

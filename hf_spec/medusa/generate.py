@@ -69,7 +69,7 @@ def generate(
         validate_tree(paths, num_heads=heads.num_heads)
     if memory.head_accuracy is None:
         memory.head_accuracy = HeadAccuracy(heads.num_heads)
-    proposer = MedusaProposer(heads, paths, memory.head_accuracy)
+    proposer = MedusaProposer(heads, paths, memory.head_accuracy, all_heads=tree == "auto")
     schedule = AutoTree(memory.costs, memory.head_accuracy, proposer.paths) if tree == "auto" else len(paths)
     padding_mask = padding_mask_of(model_kwargs)
     return speculative_generate(

@@ -71,9 +71,9 @@ class MedusaHeads(nn.Module):
             self._base_lm_head[:] = [model.get_output_embeddings()]
         return self
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [..., hidden_size] -> logits [num_heads, ..., vocab_size]."""
-        out = torch.stack([head(hidden) for head in self.heads])
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """hidden: [..., hidden_size] -> logits [num_heads, ..., vocab_size] (the first ``num_heads`` only)."""
+        out = torch.stack([head(hidden) for head in self.heads[:num_heads]])
         if not self.shared_lm_head:
             return out
         if not self._base_lm_head:

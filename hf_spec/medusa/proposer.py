@@ -18,14 +18,17 @@ class MedusaProposer:
     heads' raw top-k (the tree is deterministic); the user's logits processors act on the target's side
     of verification, which is what keeps the output lossless. A step may verify a prefix of the tree (the
     nodes in the order given, when every prefix is a tree; else by depth then rank), and every step's
-    guesses are counted in ``accuracy`` once the tokens they guessed have come.
+    guesses are counted in ``accuracy`` once the tokens they guessed have come. ``all_heads``: run every head
+    each step, so that ``accuracy`` knows them all (tree="auto" chooses by it); else only the heads the
+    step's tree reaches (a head on the shared lm_head costs a vocabulary-wide matmul).
     """
 
     name = "medusa"
     wants_hidden_states = True
 
-    def __init__(self, heads: MedusaHeads, tree: list[tuple[int, ...]], accuracy: HeadAccuracy | None = None):
-        self.heads = heads
+    def __init__(self, heads: MedusaHeads, tree: list[tuple[int, ...]], accuracy: HeadAccuracy | None = None,
+                 all_heads: bool = True):
+        self.heads, self.all_heads = heads, all_heads
         self.paths = prefix_closed_order(tree)
         self.buffers: TreeBuffers = build_tree_buffers(self.paths)
         self._subtrees = {(len(self.paths), self.buffers.max_depth): self.buffers}
@@ -42,7 +45,7 @@ class MedusaProposer:
         if self.hidden is None or size == 0 or depth == 0:
             return Proposal(tokens=rows[0].new_empty(len(rows), 0))
         buffers = self._subtree(size, depth)
-        head_logits = self.head_logits(rows)  # [num_heads, batch, vocab]
+        head_logits = self.head_logits(rows, None if self.all_heads else buffers.max_depth)  # [heads, batch, vocab]
         top_k = min(max(self.accuracy.top_k, *buffers.top_k_per_head()), head_logits.shape[-1])
         ranked = head_logits.topk(top_k, dim=-1).indices  # [num_heads, batch, top_k]: each head's candidates
         self._guesses = ([row.shape[1] for row in rows], ranked)
@@ -63,10 +66,11 @@ class MedusaProposer:
                 self.accuracy.observe(ranked[:, r], row[0, length:].to(ranked.device))
             self._guesses = None
 
-    def head_logits(self, rows: list[torch.LongTensor]) -> torch.Tensor:
-        """[num_heads, batch, vocab]: head i's logits for the token i + 1 places after each row's ``rows[r]``."""
+    def head_logits(self, rows: list[torch.LongTensor], num_heads: int | None = None) -> torch.Tensor:
+        """[num_heads, batch, vocab]: head i's logits for the token i + 1 places after each row's ``rows[r]``
+        (the first ``num_heads`` heads; all by default)."""
         with torch.no_grad():
-            return self.heads(self.hidden.to(self.heads.dtype))
+            return self.heads(self.hidden.to(self.heads.dtype), num_heads)
 
     def advance(self, accepted: list[int], target_hidden: torch.Tensor | None) -> None:
         self.hidden = target_hidden

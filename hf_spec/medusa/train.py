@@ -142,11 +142,14 @@ def _save_checkpoint(path: Path, heads, optimizer, schedule, step: int, log: lis
 def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: str | Path | None = None,
                  config: TrainConfig | None = None, eval_every: int = 5, max_new_tokens: int = 128,
                  generation_batch_size: int = 8, do_sample: bool = False, limit: int | None = None,
-                 resume: bool = False, progress: bool = True, print_fn=print):
+                 samples_per_prompt: int = 1, temperature: float = 0.7, resume: bool = False, progress: bool = True,
+                 print_fn=print):
     """The whole recipe (module docstring) for ``model`` (an object or a Hub id / path); returns the trained
     heads and their ``Evaluation`` on the held-out prompts. Files in ``output_dir``: the heads (Medusa-1
     layout), ``checkpoint.pt``, ``cache/``, ``eval_questions.jsonl``, ``evaluation.json`` and ``tree.json``
-    (the tree chosen for this machine)."""
+    (the tree chosen for this machine). ``samples_per_prompt`` > 1 adds that many - 1 continuations of each
+    training prompt sampled at ``temperature`` (more data from the same prompts); held-out prompts are
+    continued once, as ``do_sample`` says."""
     import json
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -156,6 +159,8 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
     from .evaluate import evaluate_heads
 
     config = config or TrainConfig()
+    if samples_per_prompt < 1:
+        raise ValueError(f"samples_per_prompt must be >= 1; got {samples_per_prompt}.")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(model, (str, Path)):
@@ -177,17 +182,22 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
                 "eval_every": eval_every, "max_new_tokens": max_new_tokens, "do_sample": do_sample,
                 "num_heads": config.num_heads}
     data = {}
-    for split, prompts in (("train", train_prompts), ("eval", eval_prompts)):
+    for split, prompts, samples in (("train", train_prompts, samples_per_prompt), ("eval", eval_prompts, 1)):
         path, meta = output_dir / "cache" / f"{split}.pt", output_dir / "cache" / f"{split}.json"
-        if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
+        split_settings = settings if samples == 1 else {**settings, "samples_per_prompt": samples, "temperature": temperature}
+        if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == split_settings:
             data[split] = HiddenStates.load(path)
             continue
+        torch.manual_seed(config.seed)
         sequences = self_distill(model, tokenizer, prompts, max_new_tokens, generation_batch_size, do_sample,
                                  progress=progress)
+        for _ in range(samples - 1):
+            sequences += self_distill(model, tokenizer, prompts, max_new_tokens, generation_batch_size, True,
+                                      progress=progress, temperature=temperature)
         data[split] = collect_hidden_states(model, sequences, config.num_heads, progress=progress)
         path.parent.mkdir(parents=True, exist_ok=True)
         data[split].save(path)
-        meta.write_text(json.dumps(settings))
+        meta.write_text(json.dumps(split_settings))
     print_fn(f"{len(data['train'])} training positions, {len(data['eval'])} held-out positions")
 
     torch.manual_seed(config.seed)
