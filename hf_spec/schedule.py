@@ -12,9 +12,7 @@ Where "auto" gets a while it decodes plainly: from the target itself. Every step
 distribution at each committed token; its confidence (the top probability, after the user's logits
 processors) predicts whether a draft would have agreed there. ``ConfidenceCalibration`` learns, per pair
 and across calls, the acceptance by confidence bin from the steps that did speculate; ``a`` is a moving
-average over the recent tokens of what was observed (accepted or not, where a proposal was judged; a third of
-the weight) or else predicted (the calibrated acceptance of the token's confidence). With hysteresis: plain decoding stops at a
-predicted rate 10% above plain's, speculation at 10% below. So plain decoding costs the draft nothing (no
+average of the calibrated acceptance of the recent tokens. So plain decoding costs the draft nothing (no
 probe steps, no draft prefill), and speculation starts where the text turns predictable. Starting it again
 after plain steps makes the draft catch up on every token it skipped (the whole prompt, the first time):
 "auto" switches only when the time the next run of predictable tokens should save exceeds that catch-up.
@@ -179,17 +177,13 @@ class AutoLength(DraftLength):
     the parameter counts); catch_up_ratio: the draft's cost per skipped token (a prefill) as a share of its
     cost per proposed token, until measured; smoothing: the weight of each new token in the acceptance
     average; max_horizon: the most tokens (of those the call may still add) a switch to speculation is
-    expected to pay over; first_k: the length of the steps that measure the draft's costs, once per pair;
-    switch_margin: hysteresis: plain decoding stops when speculation is predicted this much faster (a prediction
-    from confidence can be wrong), speculation stops when it is predicted this much slower (a single rejection
-    is not yet a change of text).
+    expected to pay over; first_k: the length of the steps that measure the draft's costs, once per pair.
     """
 
     def __init__(self, costs: CostEstimates, calibration: ConfidenceCalibration, max_k: int = 8,
                  draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
-                 max_horizon: int = 64, first_k: int = 3, switch_margin: float = 0.1):
+                 max_horizon: int = 64, first_k: int = 3):
         self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
-        self.switch_margin = switch_margin
         self.draft_cost_ratio, self.catch_up_ratio = draft_cost_ratio, catch_up_ratio
         self.smoothing, self.max_horizon = smoothing, max_horizon
         self.acceptance = 0.5  # predicted acceptance of the next proposals
@@ -218,8 +212,8 @@ class AutoLength(DraftLength):
         step = k * self.draft_token_cost() + self.costs.verify_cost(k + 1)
         return expected_tokens_per_step(self.survival(k)) / step
 
-    def best_k(self, smallest: int = 0) -> int:
-        return max(range(smallest, self.max_k + 1), key=self.expected_rate)
+    def best_k(self) -> int:
+        return max(range(self.max_k + 1), key=self.expected_rate)
 
     def worth_catching_up(self, k: int) -> bool:
         """Would speculating over the tokens ahead (at most max_horizon) save more than the draft needs to
@@ -232,12 +226,10 @@ class AutoLength(DraftLength):
             return 0  # measure plain decoding first
         if self.costs.draft_token is None or self.costs.catch_up_token is None:
             return self.first_k  # then, once per pair, the draft's catch-up on the prompt and its cost per token
-        k = self.best_k(smallest=1)
-        plain = self.expected_rate(0)
-        if self.behind > 1:  # plain so far: leave it when speculation is predicted clearly faster and pays back
-            starts = self.expected_rate(k) >= (1 + self.switch_margin) * plain and self.worth_catching_up(k)
-            return k if starts else 0
-        return k if self.expected_rate(k) >= (1 - self.switch_margin) * plain else 0  # speculating: hysteresis
+        k = self.best_k()
+        if k > 0 and self.behind > 1 and not self.worth_catching_up(k):
+            return 0
+        return k
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
                 confidence: list[list[float]]) -> None:
@@ -248,18 +240,16 @@ class AutoLength(DraftLength):
                 self.costs.update_catch_up(max(catch_up, 0.0) / (self.behind - 1))
             else:
                 self.costs.update_draft(propose_s / k)
+            for row_accepted, row_confidence in zip(accepted, confidence):
+                for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
+                    self.calibration.update(row_confidence[i], i < row_accepted)
             self.behind = 1
         else:
             self.behind += 1
         self.remaining -= 1 + (min(accepted) if accepted else 0)
-        for row_accepted, row_confidence in zip(accepted, confidence):  # a batch: row after row
-            judged = min(k, row_accepted + 1)  # proposals 1..accepted + 1 were judged
-            for i, c in enumerate(row_confidence):
-                if i < judged:  # what happened (weighed less: one outcome is one coin flip)
-                    self.calibration.update(c, i < row_accepted)
-                    self.acceptance += self.smoothing / 3 * (float(i < row_accepted) - self.acceptance)
-                else:  # what the confidence predicts
-                    self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
+        for row_confidence in confidence:  # the committed tokens, in order (a batch: row after row)
+            for c in row_confidence:
+                self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
 
 
 def tree_rate(expected: list[float], costs: CostEstimates, n: int) -> float:

@@ -13,7 +13,7 @@ GPU_FLAT = {1: 0.020, 2: 0.020, 4: 0.021, 9: 0.022}
 def auto_with(verify, draft_token, acceptance, max_k=8, catch_up_token=0.01):
     costs = CostEstimates(verify=dict(verify), draft_token=draft_token, catch_up_token=catch_up_token)
     auto = AutoLength(costs, ConfidenceCalibration(), max_k=max_k)
-    auto.start(prompt_length=2, max_new_tokens=1000)  # decoding plainly, one token to catch up on
+    auto.start(prompt_length=1, max_new_tokens=1000)  # nothing to catch up on
     auto.acceptance = acceptance
     return auto
 
@@ -24,8 +24,8 @@ def test_cpu_costs_speculate_only_at_high_acceptance(acceptance, speculate):
     assert (auto.next() > 0) == speculate
 
 
-@pytest.mark.parametrize("acceptance, smallest_k", [(0.2, 0), (0.5, 1), (0.8, 3), (0.95, 6)])
-def test_flat_gpu_costs_speculate(acceptance, smallest_k):  # at 0.2 the best k is predicted 3% faster: no switch
+@pytest.mark.parametrize("acceptance, smallest_k", [(0.2, 1), (0.5, 1), (0.8, 3), (0.95, 6)])
+def test_flat_gpu_costs_always_speculate(acceptance, smallest_k):
     auto = auto_with(GPU_FLAT, 0.002, acceptance)
     assert auto.next() >= smallest_k
 
@@ -72,26 +72,6 @@ def test_speculative_steps_teach_the_calibration():
     assert auto.calibration.rate(0.995) < 0.05 and auto.acceptance < 0.1 and auto.next() == 0
 
 
-def test_observed_rejections_beat_confident_predictions():
-    auto = auto_with(CPU, 0.15, 0.97)
-    for _ in range(3):
-        auto.observe(4, [0], 0.6, 0.8, [[0.995]])  # the target was sure, the draft was wrong at once
-    assert auto.acceptance < 0.75 and auto.next() == 0
-    assert auto.calibration.seen[auto.calibration._bin(0.995)] == pytest.approx(5.0)  # and the bin learned it
-
-
-def test_leaving_plain_decoding_needs_a_margin():
-    auto = auto_with(CPU, 0.15, 0.88)
-    assert 1.0 < auto.expected_rate(auto.best_k()) / auto.expected_rate(0) < 1.1
-    assert auto.next() == 0  # plain so far: not for a predicted gain under 10%
-    auto.behind = 1  # speculating: on while it is predicted at most 10% slower
-    assert auto.next() > 0
-    auto.acceptance = 0.83
-    assert auto.expected_rate(auto.best_k(smallest=1)) < auto.expected_rate(0) and auto.next() > 0
-    auto.acceptance = 0.7
-    assert auto.next() == 0
-
-
 def test_switching_on_pays_for_the_drafts_catch_up():
     auto = auto_with(CPU, 0.15, 0.97, catch_up_token=0.01)
     auto.start(prompt_length=2000, max_new_tokens=64)  # catching up on 2000 tokens costs 20 s
@@ -113,7 +93,7 @@ def test_startup_measures_plain_then_the_drafts_costs_once():
     assert auto.next() == 3
     auto.observe(3, [3], 0.3, 0.5, [[0.5] * 4])
     assert auto.costs.draft_token == pytest.approx(0.1)
-    auto.acceptance = 0.05
+    auto.acceptance = 0.2
     assert auto.next() == 0  # now it decides
 
 
