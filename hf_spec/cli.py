@@ -78,6 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--limit", type=int, help="at most this many training prompts")
     train.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt")
 
+    evaluate = commands.add_parser("evaluate-medusa", help="Medusa heads' accuracy, tokens/step and tree for this "
+                                                            "machine, on the held-out prompts")
+    evaluate.add_argument("--heads", required=True, help="heads folder or Hub id")
+    evaluate.add_argument("--model", required=True, help="their base model (Hub id or path)")
+    evaluate.add_argument("--output", help="where evaluation.json and tree.json go (default: the heads folder)")
+    evaluate.add_argument("--data", help="prompts, as for train-medusa")
+    evaluate.add_argument("--eval-every", type=int, default=5, help="question_id %% N == 0 is held out")
+    evaluate.add_argument("--limit", type=int, help="as for train-medusa (held out: a quarter of it)")
+    evaluate.add_argument("--max-new-tokens", type=int, default=128)
+    evaluate.add_argument("--generation-batch-size", type=int, default=8)
+
     export = commands.add_parser("export-medusa", help="shared-lm_head heads -> the upstream Medusa-1 layout")
     export.add_argument("--heads", required=True)
     export.add_argument("--model", required=True, help="the base model whose lm_head the heads share")
@@ -99,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                      max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
                      do_sample=args.do_sample, limit=args.limit, samples_per_prompt=args.samples_per_prompt,
                      temperature=args.temperature, resume=args.resume)
+        return 0
+    if args.command == "evaluate-medusa":
+        from .medusa.train import evaluate_medusa
+
+        evaluate_medusa(args.heads, args.model, args.output, prompts_path=args.data, eval_every=args.eval_every,
+                        max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
+                        limit=args.limit)
         return 0
     if args.command == "export-medusa":
         from transformers import AutoModelForCausalLM

@@ -12,7 +12,7 @@ from .cache import cache_kwargs, keep_path, rollback
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_logits_to_keep(model_class: type) -> bool:
+def takes_logits_to_keep(model_class: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
@@ -50,7 +50,7 @@ class CachedModel:
         self.batch_size = batch_size
         self._valid: torch.BoolTensor | None = None
         self._cache_kwargs = cache_kwargs(model, cache)
-        self._takes_logits_to_keep = _takes_logits_to_keep(type(model))
+        self._takes_logits_to_keep = takes_logits_to_keep(type(model))
 
     @property
     def length(self) -> int:

@@ -252,17 +252,24 @@ class AutoLength(DraftLength):
                 self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
 
 
-def tree_rate(expected: list[float], costs: CostEstimates, n: int) -> float:
+def tree_rate(expected: list[float], costs: CostEstimates, n: int, propose_step: float | None = None) -> float:
     """Expected tokens per second verifying the first n nodes of a nested tree family, expected[n] tokens per
-    step: expected[n] / (H + V(n + 1)) with H the proposer's time per step; n = 0 is plain decoding, 1 / V(1)."""
+    step: expected[n] / (H + V(n + 1)) with H the proposer's time per step (``costs.propose_step`` unless
+    given); n = 0 is plain decoding, 1 / V(1)."""
     if n == 0:
         return 1.0 / costs.verify_cost(1)
-    return expected[n] / ((costs.propose_step or 0.0) + costs.verify_cost(n + 1))
+    propose_step = costs.propose_step if propose_step is None else propose_step
+    return expected[n] / ((propose_step or 0.0) + costs.verify_cost(n + 1))
 
 
-def best_tree_size(expected: list[float], costs: CostEstimates, smallest: int = 0) -> int:
-    """The prefix size (0 = plain decoding) with the highest ``tree_rate``."""
-    return max(range(smallest, len(expected)), key=lambda n: tree_rate(expected, costs, n))
+def best_tree_size(expected: list[float], costs: CostEstimates, smallest: int = 0,
+                   propose_steps: list[float] | None = None) -> int:
+    """The prefix size (0 = plain decoding) with the highest ``tree_rate``; ``propose_steps[n]``: H for the
+    prefix of n nodes, where it depends on the prefix (e.g. only the heads a fixed tree reaches run)."""
+    def rate(n: int) -> float:
+        return tree_rate(expected, costs, n, None if propose_steps is None else propose_steps[n])
+
+    return max(range(smallest, len(expected)), key=rate)
 
 
 class AutoTree(DraftLength):

@@ -7,6 +7,7 @@ import torch
 import hf_spec
 from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.proposer import MedusaProposer
+from hf_spec.schedule import AutoTree
 from hf_spec.testing import oracle_head_logits
 
 NEW_TOKENS = 24
@@ -111,7 +112,8 @@ def test_heads_for_another_model_are_refused(prompt):
 
 
 @pytest.mark.parametrize("tree, heads_run", [("chain_4", 4), ([[0], [1], [0, 0]], 2), ("auto", 4)])
-def test_only_the_heads_a_fixed_tree_reaches_run(target, prompt, heads, tree, heads_run):
+def test_only_the_heads_a_fixed_tree_reaches_run(target, prompt, heads, monkeypatch, tree, heads_run):
+    monkeypatch.setattr(AutoTree, "next", lambda self: 1)  # tree="auto" verifying one node: still every head
     calls = [0] * heads.num_heads
     hooks = [head.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
              for i, head in enumerate(heads.heads)]

@@ -9,7 +9,8 @@ from hf_spec.medusa import MedusaHeads, load_medusa_heads
 from hf_spec.medusa.data import (IGNORE, HiddenStates, TextPrompt, collect_hidden_states, load_text_prompts,
                                  self_distill, split_train_eval, targets_for)
 from hf_spec.medusa.evaluate import NO_TARGET, NOT_IN_TOP_K, accuracy_from_ranks, replayed_tokens_per_step, target_ranks
-from hf_spec.medusa.train import TrainConfig, train_heads, train_medusa
+from hf_spec.medusa.train import TrainConfig, evaluate_medusa, train_heads, train_medusa
+from hf_spec.runner import CachedModel
 from hf_spec.testing import tiny_causal_lm
 
 VOCAB = 24
@@ -35,8 +36,8 @@ def successor_data(small_model):
 
 def test_targets_are_continuation_tokens_two_and_more_places_ahead():
     positions, targets = targets_for([10, 11, 12, 13, 14], prompt_length=2, num_heads=2)
-    assert positions == [1, 2]  # from the last prompt token on, while some head has a target
-    assert targets.tolist() == [[13, 14], [14, IGNORE]]
+    assert positions == [0, 1, 2]  # from the prompt's second-to-last token (the prefill's last) on
+    assert targets.tolist() == [[12, 13], [13, 14], [14, IGNORE]]  # one row per continuation token
 
 
 def test_split_by_question_id_is_disjoint_and_stable(tmp_path):
@@ -121,16 +122,22 @@ def test_the_shared_layout_needs_its_flag_and_its_base_model(small_model, tmp_pa
 
 
 def test_replayed_tokens_per_step_walks_like_the_loop():
-    # one continuation, three positions; ranks of the tokens that came, per head
-    ranks = torch.tensor([[0, 1], [1, NOT_IN_TOP_K], [0, 0]])
+    # one continuation of 5 tokens (5 rows, as targets_for lays them out); ranks of the tokens that came
+    ranks = torch.tensor([[0, 1], [1, 0], [0, 0], [0, 0], [0, NO_TARGET]])
     paths = [(0,), (0, 0), (1,), (0, 1)]
-    # n = 1: steps at 0 (+1) and 2 (+1); n = 2: at 0 (+1) and 2 (+2 by (0, 0)); n = 3: (1,) is right only at
-    # position 1, which the walk steps over; n = 4: (0, 1) takes 0 to 3 in one step
-    assert replayed_tokens_per_step(ranks, paths) == pytest.approx([1.0, 4 / 2, 5 / 2, 5 / 2, 3 / 1])
-    # two continuations (a last row has no target for head 1): a step does not run on into the next one
-    two = torch.tensor([[0, 1], [0, NO_TARGET], [NOT_IN_TOP_K, 0], [0, NO_TARGET]])
-    assert replayed_tokens_per_step(two, paths)[-1] == pytest.approx((3 + 1 + 2) / 3)
-    assert replayed_tokens_per_step(two[:, :1], paths[:1])[-1] == pytest.approx((2 + 1 + 2) / 3)  # one head: no ends
+    # n = 1: steps at rows 0, 2 (+2 each) and 4 (+1); n = 2: at 0 (+2), then 2 (+3 by (0, 0)); n = 3: (1,) is
+    # right only at row 1, which the walk steps over; n = 4: (0, 1) takes 0 to 3, where +3 is cut to the 2 left
+    assert replayed_tokens_per_step(ranks, paths) == pytest.approx([1.0, 5 / 3, 5 / 2, 5 / 2, 5 / 2])
+    # a second continuation of 2 tokens: with its end known a step does not run on into the next one
+    two = torch.cat([ranks, torch.tensor([[NOT_IN_TOP_K, 0], [0, NO_TARGET]])])
+    assert replayed_tokens_per_step(two, paths, torch.tensor([4, 6]))[-1] == pytest.approx(7 / 4)
+    assert replayed_tokens_per_step(two, paths)[-1] == pytest.approx(7 / 3)  # as one continuation
+
+
+def test_hidden_states_know_where_each_continuation_ends(small_model):
+    data = collect_hidden_states(small_model, [([1, 2, 3, 4, 5], 2), ([6, 7, 8, 9], 3), ([1, 2, 3, 4, 5, 6], 2)],
+                                 num_heads=2, progress=False)
+    assert data.ends.tolist() == [2, 3, 7] and len(data) == 8  # 3, 1 and 4 continuation tokens
 
 
 def test_accuracy_from_ranks():
@@ -170,6 +177,13 @@ def test_the_recipe_end_to_end(tokenizer, tmp_path):
     train_medusa(model, out, tokenizer, data, config, max_new_tokens=12, progress=False, print_fn=lambda *_: None)
     assert torch.equal(HiddenStates.load(out / "cache" / "train.pt").hidden, again.hidden)
     assert hf_spec.last_stats().strategy == "medusa"
+    # evaluating the saved heads alone: the same held-out cache, the same figures
+    written = (out / "cache" / "eval.pt").stat().st_mtime_ns
+    alone = evaluate_medusa(str(out), model, tokenizer=tokenizer, prompts_path=data, max_new_tokens=12,
+                            progress=False, print_fn=lambda *_: None)
+    assert (out / "cache" / "eval.pt").stat().st_mtime_ns == written
+    assert alone.to_dict()["top1"] == pytest.approx(evaluation.to_dict()["top1"])
+    assert alone.replayed == pytest.approx(evaluation.replayed)
 
 
 def test_extra_sampled_continuations_add_training_data_only(tokenizer, tmp_path):
@@ -177,16 +191,18 @@ def test_extra_sampled_continuations_add_training_data_only(tokenizer, tmp_path)
     rows = [{"question_id": i, "category": "c", "turns": [f"prompt number {i}:"]} for i in range(1, 11)]
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = TrainConfig(num_heads=2, epochs=1, batch_size=16)
-    sizes = {}
+    config, out = TrainConfig(num_heads=2, epochs=1, batch_size=16), tmp_path / "heads"
+    sizes, written = {}, {}
     for samples in (1, 3):
-        out = tmp_path / f"heads{samples}"
         train_medusa(model, out, tokenizer, data, config, max_new_tokens=8, samples_per_prompt=samples,
                      temperature=1.0, progress=False, print_fn=lambda *_: None)
-        sizes[samples] = (len(HiddenStates.load(out / "cache" / "train.pt")), len(HiddenStates.load(out / "cache" / "eval.pt")))
-    assert sizes[3][0] > 2 * sizes[1][0] and sizes[3][1] == sizes[1][1]
-    with pytest.raises(ValueError, match="samples_per_prompt"):
-        train_medusa(model, tmp_path / "bad", tokenizer, data, config, samples_per_prompt=0, progress=False)
+        sizes[samples] = [len(HiddenStates.load(out / "cache" / f"{split}.pt")) for split in ("train", "eval")]
+        written[samples] = (out / "cache" / "eval.pt").stat().st_mtime_ns
+    assert sizes[3][0] > 2 * sizes[1][0] and sizes[3][1] == sizes[1][1]  # the training cache was rebuilt
+    assert written[3] == written[1]  # the held-out cache was reused
+    for bad in ({"samples_per_prompt": 0}, {"samples_per_prompt": 2, "temperature": 0.0}):
+        with pytest.raises(ValueError, match="samples_per_prompt|temperature"):
+            train_medusa(model, tmp_path / "bad", tokenizer, data, config, progress=False, **bad)
 
 
 def test_verify_costs_are_measured_as_tree_prefixes(small_model):
@@ -196,8 +212,21 @@ def test_verify_costs_are_measured_as_tree_prefixes(small_model):
 
     heads = MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True)
     paths = [(0,), (0, 0), (1,), (0, 1), (2,)]
-    costs = measure_costs(small_model, heads, context=8, paths=paths)
+    trees = []
+    forward = CachedModel.forward
+
+    def spy(self, tokens, *args, **kwargs):
+        trees.append(None if kwargs.get("tree_mask") is None else kwargs["tree_mask"].shape[0])
+        return forward(self, tokens, *args, **kwargs)
+
+    CachedModel.forward = spy
+    try:
+        costs, heads_by_size = measure_costs(small_model, heads, context=8, paths=paths)
+    finally:
+        CachedModel.forward = forward
     assert sorted(costs.verify) == [1, 2, 3, 5, 6] and all(v > 0 for v in costs.verify.values())
-    assert costs.propose_step > 0
+    assert {2, 3, 5, 6} <= set(trees)  # every prefix verified as its tree (root + nodes)
+    assert len(heads_by_size) == len(paths) + 1 and heads_by_size[0] == 0 and costs.propose_step > 0
+    assert len(set(heads_by_size[2:])) == 1  # by the prefix's depth: 2 from the second node on
     with pytest.raises(ValueError, match="verified 3 wide"):
         forward_seconds(small_model, 8, 4, tree=build_tree_buffers(paths[:2]))

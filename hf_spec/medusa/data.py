@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..bench.prompts import left_padded
+from ..runner import takes_logits_to_keep
 
 IGNORE = -100
 
@@ -114,28 +115,31 @@ class HiddenStates:
     """The base model's last hidden state at every position that has a target, and the targets.
 
     hidden: [N, hidden_size]; targets: [N, num_heads], targets[n, i] the token i + 2 places after position n
-    (``IGNORE`` where that is past the end or not a continuation token).
+    (``IGNORE`` where that is past the end or not a continuation token); ends: [sequences], the row of each
+    sequence's last position (rows are sequence after sequence).
     """
 
     hidden: torch.Tensor
     targets: torch.LongTensor
+    ends: torch.LongTensor
 
     def save(self, path: str | Path) -> None:
-        torch.save({"hidden": self.hidden, "targets": self.targets}, path)
+        torch.save({"hidden": self.hidden, "targets": self.targets, "ends": self.ends}, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "HiddenStates":
         state = torch.load(path, map_location="cpu", weights_only=True)
-        return cls(state["hidden"], state["targets"])
+        return cls(state["hidden"], state["targets"], state["ends"])
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
 
 
 def targets_for(tokens: list[int], prompt_length: int, num_heads: int) -> tuple[list[int], torch.LongTensor]:
-    """Positions t (from the last prompt token on) with at least one target, and their targets [n, num_heads]:
-    head i's is tokens[t + i + 2], a continuation token by construction."""
-    positions = list(range(prompt_length - 1, len(tokens) - 2))
+    """Positions t with at least one target, and their targets [n, num_heads]: head i's is tokens[t + i + 2],
+    a continuation token by construction. They start at the prompt's second-to-last token: the loop's prefill
+    stops there, and its first step's heads read that hidden state to guess the first continuation token."""
+    positions = list(range(max(prompt_length - 2, 0), len(tokens) - 2))
     targets = torch.full((len(positions), num_heads), IGNORE, dtype=torch.long)
     for row, t in enumerate(positions):
         for i in range(num_heads):
@@ -147,16 +151,18 @@ def targets_for(tokens: list[int], prompt_length: int, num_heads: int) -> tuple[
 def collect_hidden_states(model, sequences: list[tuple[list[int], int]], num_heads: int,
                           dtype: torch.dtype = torch.float32, progress: bool = True) -> HiddenStates:
     """Run the frozen base model once over each sequence and keep the last hidden states with targets."""
-    hidden, targets = [], []
+    hidden, targets, ends = [], [], []
+    one_logit = {"logits_to_keep": 1} if takes_logits_to_keep(type(model)) else {}  # hidden states are kept, not logits
     for tokens, prompt_length in tqdm(sequences, desc="hidden states", unit="seq", disable=not progress):
         positions, rows = targets_for(tokens, prompt_length, num_heads)
         if not positions:
             continue
         with torch.no_grad():
             out = model(torch.tensor([tokens], device=model.device), output_hidden_states=True, use_cache=False,
-                        logits_to_keep=1)  # the hidden states are what is kept, not the logits
+                        **one_logit)
         hidden.append(out.hidden_states[-1][0, positions].to("cpu", dtype))
         targets.append(rows)
+        ends.append((ends[-1] if ends else -1) + len(positions))
     if not hidden:
         raise ValueError("No training positions: the continuations are too short (raise max_new_tokens).")
-    return HiddenStates(torch.cat(hidden), torch.cat(targets))
+    return HiddenStates(torch.cat(hidden), torch.cat(targets), torch.tensor(ends, dtype=torch.long))

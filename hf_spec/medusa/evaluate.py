@@ -18,7 +18,7 @@ import torch
 
 from ..bench.calibrate import forward_seconds, median_seconds
 from ..schedule import CostEstimates, best_tree_size, tree_rate
-from ..trees import MC_SIM_7B_63, NAMED_TREES, build_tree_buffers
+from ..trees import MC_SIM_7B_63, NAMED_TREES, build_tree_buffers, prefix_closed_order
 from .accuracy import HeadAccuracy
 from .data import IGNORE, HiddenStates
 from .heads import MedusaHeads
@@ -53,14 +53,16 @@ def accuracy_from_ranks(ranks: torch.LongTensor, top_k: int = 10) -> HeadAccurac
     return accuracy
 
 
-def replayed_tokens_per_step(ranks: torch.LongTensor, paths: list[tuple[int, ...]]) -> list[float]:
+def replayed_tokens_per_step(ranks: torch.LongTensor, paths: list[tuple[int, ...]],
+                             ends: torch.LongTensor | None = None) -> list[float]:
     """E(n) for every prefix n = 0..len(paths): the tokens per step a greedy loop verifying the first n nodes
     would make on the held-out continuations. Each step starts where the previous one's accepted run ended
     and gains 1 + the depth of the deepest node whose every guess was right (where predictable stretches
-    cluster, a loop crosses them in few steps: a mean over all positions would overstate what it gains).
+    cluster, a loop crosses them in few steps: a mean over all positions would overstate what it gains); a
+    continuation's last step gains no token past its end.
 
-    ``ranks`` are ``target_ranks`` of ``HiddenStates`` rows, sequence after sequence; a sequence's last row
-    is the only one whose head 1 has no target (``targets_for``), so with one head the sequences run together."""
+    ``ranks``: ``target_ranks`` of ``HiddenStates`` rows; ``ends``: the row of each continuation's last
+    position (``HiddenStates.ends``; None: one continuation)."""
     right = torch.zeros(len(ranks), len(paths), dtype=torch.bool)
     for j, path in enumerate(paths):
         node = torch.ones(len(ranks), dtype=torch.bool)
@@ -70,16 +72,14 @@ def replayed_tokens_per_step(ranks: torch.LongTensor, paths: list[tuple[int, ...
     depth = torch.tensor([len(p) for p in paths], dtype=torch.long)
     # [positions, n + 1]: tokens the heads add at a step starting there, verifying the first n nodes
     gained = torch.cat([torch.zeros(len(ranks), 1, dtype=torch.long), (right * depth).cummax(dim=1).values], dim=1)
-    ends = (ranks[:, 1] == NO_TARGET).nonzero().flatten().tolist() if ranks.shape[1] > 1 else []
-    if not ends or ends[-1] != len(ranks) - 1:
-        ends.append(len(ranks) - 1)
     tokens = torch.zeros(len(paths) + 1, dtype=torch.long)
     steps = torch.zeros(len(paths) + 1, dtype=torch.long)
     columns, start = torch.arange(len(paths) + 1), 0
-    for end in ends:
+    for end in (ends.tolist() if ends is not None else [len(ranks) - 1]):
         position = torch.full((len(paths) + 1,), start, dtype=torch.long)
-        while (active := position <= end).any():
-            step = torch.where(active, 1 + gained[position.clamp(max=end), columns], 0)
+        while (active := position <= end).any():  # a step at row t can add the tokens up to row end + 1's
+            step = torch.minimum(1 + gained[position.clamp(max=end), columns], end + 1 - position)
+            step = torch.where(active, step, 0)
             tokens, steps, position = tokens + step, steps + active.long(), position + step
         start = end + 1
     if not steps[0]:
@@ -87,23 +87,27 @@ def replayed_tokens_per_step(ranks: torch.LongTensor, paths: list[tuple[int, ...
     return (tokens.float() / steps.float()).tolist()
 
 
-def heads_seconds(heads: MedusaHeads, repeats: int = 5) -> float:
-    """The heads' time for one step (one hidden state in, every head's logits and top-k out)."""
+def heads_seconds(heads: MedusaHeads, repeats: int = 5, num_heads: int | None = None) -> float:
+    """The heads' time for one step (one hidden state in, the first ``num_heads`` heads' logits and top-k out;
+    all heads by default)."""
     device = next(heads.parameters()).device
     hidden = torch.randn(heads.hidden_size, device=device, dtype=heads.dtype)
     with torch.no_grad():
-        heads(hidden).topk(10, dim=-1)  # warm-up
-        return median_seconds(lambda: heads(hidden).topk(10, dim=-1), device, repeats)
+        heads(hidden, num_heads).topk(10, dim=-1)  # warm-up
+        return median_seconds(lambda: heads(hidden, num_heads).topk(10, dim=-1), device, repeats)
 
 
 def measure_costs(model, heads: MedusaHeads, context: int, paths: list[tuple[int, ...]],
-                  sizes=(1, 2, 4, 8, 16, 32, 64)) -> CostEstimates:
+                  sizes=(1, 2, 4, 8, 16, 32, 64)) -> tuple[CostEstimates, list[float]]:
     """V(n + 1) for prefixes of n nodes of ``paths`` (verified as trees, with their attention masks: what a
-    step costs), on a cache warm with ``context`` tokens; V(1), plain decoding; and H."""
+    step costs), on a cache warm with ``context`` tokens, V(1) (plain decoding) and H (every head); and H for
+    each prefix size n = 0..len(paths): the time of the heads its depth reaches, all a fixed tree runs."""
     verify = {1: forward_seconds(model, context, 1)}
     for n in sorted({min(size, len(paths)) for size in sizes}):
         verify[n + 1] = forward_seconds(model, context, n + 1, tree=build_tree_buffers(paths[:n]))
-    return CostEstimates(verify=verify, propose_step=heads_seconds(heads))
+    by_depth = [0.0] + [heads_seconds(heads, num_heads=d) for d in range(1, heads.num_heads + 1)]
+    depths = [0, *torch.tensor([len(p) for p in paths]).cummax(0).values.tolist()]
+    return CostEstimates(verify=verify, propose_step=by_depth[-1]), [by_depth[d] for d in depths]
 
 
 @dataclass
@@ -112,7 +116,12 @@ class Evaluation:
     paths: list[tuple[int, ...]] = field(default_factory=lambda: list(MC_SIM_7B_63))
     replayed: list[float] = field(default_factory=list)  # E(n) by prefix size, replayed
     costs: CostEstimates | None = None
+    heads_by_size: list[float] | None = None  # H for each prefix size: the heads its depth reaches
     chosen_size: int | None = None
+
+    def rate(self, n: int) -> float:
+        """Predicted tokens per second verifying the first n nodes as a fixed tree (n = 0: plain decoding)."""
+        return tree_rate(self.replayed, self.costs, n, self.heads_by_size[n] if self.heads_by_size else None)
 
     @property
     def independent(self) -> list[float]:
@@ -127,6 +136,8 @@ class Evaluation:
                 "tokens_per_step_independent": {n: self.independent[n] for n in _named_sizes(self.paths)},
                 "verify_costs": self.costs.verify if self.costs else None,
                 "heads_seconds": self.costs.propose_step if self.costs else None,
+                "heads_seconds_by_tree_size": {n: self.heads_by_size[n] for n in _named_sizes(self.paths)}
+                if self.heads_by_size else None,
                 "chosen_tree_nodes": self.chosen_size,
                 "chosen_tree": [list(p) for p in self.paths[: self.chosen_size]] if self.chosen_size else None}
 
@@ -138,10 +149,10 @@ class Evaluation:
                  f"({int(self.accuracy.trials[0])} held-out positions)", "",
                  "tree nodes  tokens/step (replayed)  (independent heads)" + ("   predicted tok/s" if self.costs else "")]
         for n in _named_sizes(self.paths):
-            rate = f"   {tree_rate(self.replayed, self.costs, n):>14.1f}" if self.costs else ""
+            rate = f"   {self.rate(n):>14.1f}" if self.costs else ""
             lines.append(f"{n:>10}  {self.replayed[n]:>21.2f}  {self.independent[n]:>19.2f}{rate}")
         if self.costs:
-            lines.append(f"{'plain':>10}  {1.0:>21.2f}  {1.0:>19.2f}   {tree_rate(self.replayed, self.costs, 0):>14.1f}")
+            lines.append(f"{'plain':>10}  {1.0:>21.2f}  {1.0:>19.2f}   {self.rate(0):>14.1f}")
             best = self.chosen_size
             lines.append(f"chosen for this machine: the first {best} nodes of the default tree "
                          f"({self.replayed[best]:.2f} tokens/step)" if best else
@@ -157,10 +168,11 @@ def _named_sizes(paths) -> list[int]:
 def evaluate_heads(heads: MedusaHeads, data: HiddenStates, model=None, context: int = 256,
                    paths: list[tuple[int, ...]] | None = None) -> Evaluation:
     """Accuracy table and tokens/step on ``data``; with ``model``, also the measured costs and the tree choice."""
-    paths = [p for p in (paths or MC_SIM_7B_63) if len(p) <= heads.num_heads]
+    paths = prefix_closed_order([p for p in (paths or MC_SIM_7B_63) if len(p) <= heads.num_heads])
     ranks = target_ranks(heads, data)
-    evaluation = Evaluation(accuracy_from_ranks(ranks), paths, replayed_tokens_per_step(ranks, paths))
+    evaluation = Evaluation(accuracy_from_ranks(ranks), paths, replayed_tokens_per_step(ranks, paths, data.ends))
     if model is not None:
-        evaluation.costs = measure_costs(model, heads, context, paths)
-        evaluation.chosen_size = best_tree_size(evaluation.replayed, evaluation.costs)
+        evaluation.costs, evaluation.heads_by_size = measure_costs(model, heads, context, paths)
+        evaluation.chosen_size = best_tree_size(evaluation.replayed, evaluation.costs,
+                                                propose_steps=evaluation.heads_by_size)
     return evaluation

@@ -150,66 +150,122 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
     (the tree chosen for this machine). ``samples_per_prompt`` > 1 adds that many - 1 continuations of each
     training prompt sampled at ``temperature`` (more data from the same prompts); held-out prompts are
     continued once, as ``do_sample`` says."""
-    import json
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..bench.prompts import default_questions_path
-    from .data import collect_hidden_states, load_text_prompts, self_distill, split_train_eval, write_prompts
-    from .evaluate import evaluate_heads
-
     config = config or TrainConfig()
     if samples_per_prompt < 1:
         raise ValueError(f"samples_per_prompt must be >= 1; got {samples_per_prompt}.")
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if samples_per_prompt > 1 and not temperature > 0:
+        raise ValueError(f"The extra continuations are sampled: temperature must be > 0; got {temperature}.")
+    model, tokenizer = _frozen_base(model, tokenizer)
+    recipe = _Recipe(model, tokenizer, Path(output_dir), prompts_path, eval_every, limit, max_new_tokens,
+                     generation_batch_size, config.num_heads, progress, print_fn)
+    train = recipe.hidden_states("train", do_sample, samples_per_prompt, temperature, config.seed)
+    held_out = recipe.hidden_states("eval", do_sample, seed=config.seed)
+    print_fn(f"{len(train)} training positions, {len(held_out)} held-out positions")
+
+    torch.manual_seed(config.seed)
+    heads = MedusaHeads.for_model(model, config.num_heads, config.num_layers, config.shared_lm_head)
+    train_heads(heads, train, config, recipe.output_dir, resume=resume, progress=progress)
+    heads.save_pretrained(recipe.output_dir)
+    return heads, recipe.evaluate(heads, held_out)
+
+
+def evaluate_medusa(heads, model, output_dir: str | Path | None = None, tokenizer=None,
+                    prompts_path: str | Path | None = None, eval_every: int = 5, max_new_tokens: int = 128,
+                    generation_batch_size: int = 8, limit: int | None = None, progress: bool = True, print_fn=print):
+    """Evaluate heads (a folder, Hub id or ``MedusaHeads``) on ``model``'s greedy continuations of the held-out
+    prompts, as ``train_medusa`` does at its end: writes ``evaluation.json`` and ``tree.json`` to
+    ``output_dir`` (default: the heads' folder) and returns the ``Evaluation``. The held-out cache is shared
+    with ``train_medusa`` runs of the same settings."""
+    from .loading import load_medusa_heads
+
+    model, tokenizer = _frozen_base(model, tokenizer)
+    if not isinstance(heads, MedusaHeads):
+        output_dir = output_dir or heads
+        heads = load_medusa_heads(heads, base_model=model)
+    if output_dir is None:
+        raise ValueError("evaluate_medusa needs output_dir= when the heads are an object.")
+    recipe = _Recipe(model, tokenizer, Path(output_dir), prompts_path, eval_every, limit, max_new_tokens,
+                     generation_batch_size, heads.num_heads, progress, print_fn)
+    return recipe.evaluate(heads, recipe.hidden_states("eval", do_sample=False))
+
+
+def _frozen_base(model, tokenizer):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if isinstance(model, (str, Path)):
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
         model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
     if tokenizer is None:
-        raise ValueError("train_medusa needs the model's tokenizer (tokenizer=) when given a model object.")
-    model.eval().requires_grad_(False)
-    prompts_path = prompts_path or default_questions_path()
-    if prompts_path is None:
-        raise ValueError("No prompts: pass a jsonl or text file (the Spec-Bench questions are not next to this checkout).")
-    train_prompts, eval_prompts = split_train_eval(load_text_prompts(prompts_path), eval_every)
-    write_prompts(eval_prompts, prompts_path, output_dir / "eval_questions.jsonl")  # all of them, for the bench
-    if limit:  # evenly over the file, so every category keeps its share
-        train_prompts, eval_prompts = _spread(train_prompts, limit), _spread(eval_prompts, max(limit // 4, 1))
-    print_fn(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held out (question_id % {eval_every} == 0)")
+        raise ValueError("Pass the model's tokenizer (tokenizer=) when the model is an object.")
+    return model.eval().requires_grad_(False), tokenizer
 
-    settings = {"model": getattr(model, "name_or_path", None), "prompts": str(prompts_path), "limit": limit,
-                "eval_every": eval_every, "max_new_tokens": max_new_tokens, "do_sample": do_sample,
-                "num_heads": config.num_heads}
-    data = {}
-    for split, prompts, samples in (("train", train_prompts, samples_per_prompt), ("eval", eval_prompts, 1)):
-        path, meta = output_dir / "cache" / f"{split}.pt", output_dir / "cache" / f"{split}.json"
-        split_settings = settings if samples == 1 else {**settings, "samples_per_prompt": samples, "temperature": temperature}
-        if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == split_settings:
-            data[split] = HiddenStates.load(path)
-            continue
-        torch.manual_seed(config.seed)
-        sequences = self_distill(model, tokenizer, prompts, max_new_tokens, generation_batch_size, do_sample,
-                                 progress=progress)
+
+class _Recipe:
+    """The prompts split by question id, the cached self-distilled hidden states of each split, and the
+    evaluation written next to the heads."""
+
+    def __init__(self, model, tokenizer, output_dir: Path, prompts_path, eval_every: int, limit: int | None,
+                 max_new_tokens: int, generation_batch_size: int, num_heads: int, progress: bool, print_fn):
+        from ..bench.prompts import default_questions_path
+        from .data import load_text_prompts, split_train_eval, write_prompts
+
+        self.model, self.tokenizer, self.output_dir = model, tokenizer, output_dir
+        self.max_new_tokens, self.batch_size, self.num_heads = max_new_tokens, generation_batch_size, num_heads
+        self.progress, self.print_fn = progress, print_fn
+        output_dir.mkdir(parents=True, exist_ok=True)
+        prompts_path = prompts_path or default_questions_path()
+        if prompts_path is None:
+            raise ValueError("No prompts: pass a jsonl or text file (the Spec-Bench questions are not next to this checkout).")
+        train, held_out = split_train_eval(load_text_prompts(prompts_path), eval_every)
+        write_prompts(held_out, prompts_path, output_dir / "eval_questions.jsonl")  # all of them, for the bench
+        if limit:  # evenly over the file, so every category keeps its share
+            train, held_out = _spread(train, limit), _spread(held_out, max(limit // 4, 1))
+        self.prompts = {"train": train, "eval": held_out}
+        print_fn(f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0)")
+        self.settings = {"model": getattr(model, "name_or_path", None), "prompts": str(prompts_path), "limit": limit,
+                         "eval_every": eval_every, "max_new_tokens": max_new_tokens,
+                         "num_heads": num_heads, "data_format": 2}  # 2: targets from the second-to-last prompt token
+
+    def hidden_states(self, split: str, do_sample: bool, samples: int = 1, temperature: float = 0.7,
+                      seed: int = 0) -> HiddenStates:
+        """The split's hidden states, from ``cache/`` when the settings match, else self-distilled (one
+        continuation per prompt, as ``do_sample`` says, plus ``samples`` - 1 sampled at ``temperature``)."""
+        import json
+
+        from .data import collect_hidden_states, self_distill
+
+        path, meta = self.output_dir / "cache" / f"{split}.pt", self.output_dir / "cache" / f"{split}.json"
+        settings = {**self.settings, "do_sample": do_sample}
+        if samples > 1:
+            settings.update(samples_per_prompt=samples, temperature=temperature, seed=seed)
+        if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
+            return HiddenStates.load(path)
+        torch.manual_seed(seed)
+        prompts, generate = self.prompts[split], (self.model, self.tokenizer)
+        sequences = self_distill(*generate, prompts, self.max_new_tokens, self.batch_size, do_sample,
+                                 progress=self.progress)
         for _ in range(samples - 1):
-            sequences += self_distill(model, tokenizer, prompts, max_new_tokens, generation_batch_size, True,
-                                      progress=progress, temperature=temperature)
-        data[split] = collect_hidden_states(model, sequences, config.num_heads, progress=progress)
+            sequences += self_distill(*generate, prompts, self.max_new_tokens, self.batch_size, True,
+                                      progress=self.progress, temperature=temperature)
+        data = collect_hidden_states(self.model, sequences, self.num_heads, progress=self.progress)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data[split].save(path)
-        meta.write_text(json.dumps(split_settings))
-    print_fn(f"{len(data['train'])} training positions, {len(data['eval'])} held-out positions")
+        data.save(path)
+        meta.write_text(json.dumps(settings))
+        return data
 
-    torch.manual_seed(config.seed)
-    heads = MedusaHeads.for_model(model, config.num_heads, config.num_layers, config.shared_lm_head)
-    train_heads(heads, data["train"], config, output_dir, resume=resume, progress=progress)
-    heads.save_pretrained(output_dir)
+    def evaluate(self, heads: MedusaHeads, held_out: HiddenStates):
+        import json
 
-    context = round(len(data["eval"]) / max(len(eval_prompts), 1)) + 64
-    evaluation = evaluate_heads(heads, data["eval"], model, context=context)
-    print_fn(evaluation.table())
-    (output_dir / "evaluation.json").write_text(json.dumps(evaluation.to_dict(), indent=1) + "\n")
-    chosen = evaluation.to_dict()["chosen_tree"]
-    if chosen:
-        (output_dir / "tree.json").write_text(json.dumps(chosen) + "\n")
-    return heads, evaluation
+        from .evaluate import evaluate_heads
+
+        context = round(len(held_out) / max(len(self.prompts["eval"]), 1)) + 64
+        evaluation = evaluate_heads(heads, held_out, self.model, context=context)
+        self.print_fn(evaluation.table())
+        (self.output_dir / "evaluation.json").write_text(json.dumps(evaluation.to_dict(), indent=1) + "\n")
+        chosen = evaluation.to_dict()["chosen_tree"]
+        tree = self.output_dir / "tree.json"
+        if chosen:
+            tree.write_text(json.dumps(chosen) + "\n")
+        else:  # plain decoding wins here: no tree to recommend
+            tree.unlink(missing_ok=True)
+        return evaluation
