@@ -93,13 +93,13 @@ def self_distill(model, tokenizer, prompts: list[TextPrompt], max_new_tokens: in
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     results: dict[int, tuple[list[int], int]] = {}
+    sampling = {"do_sample": True, "temperature": temperature} if do_sample and temperature else {"do_sample": do_sample}
     bar = tqdm(total=len(order), desc="self-distillation", unit="prompt", disable=not progress)
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
         inputs = {key: value.to(model.device) for key, value in left_padded([encoded[i] for i in batch], pad).items()}
         width = inputs["input_ids"].shape[1]
         with torch.no_grad():
-            sampling = {"do_sample": True, "temperature": temperature} if do_sample and temperature else {"do_sample": do_sample}
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
         for row, i in enumerate(batch):
             continuation = out[row, width:].tolist()
@@ -151,7 +151,7 @@ def targets_for(tokens: list[int], prompt_length: int, num_heads: int) -> tuple[
 def collect_hidden_states(model, sequences: list[tuple[list[int], int]], num_heads: int,
                           dtype: torch.dtype = torch.float32, progress: bool = True) -> HiddenStates:
     """Run the frozen base model once over each sequence and keep the last hidden states with targets."""
-    hidden, targets, ends = [], [], []
+    hidden, targets = [], []
     one_logit = {"logits_to_keep": 1} if takes_logits_to_keep(type(model)) else {}  # hidden states are kept, not logits
     for tokens, prompt_length in tqdm(sequences, desc="hidden states", unit="seq", disable=not progress):
         positions, rows = targets_for(tokens, prompt_length, num_heads)
@@ -162,7 +162,7 @@ def collect_hidden_states(model, sequences: list[tuple[list[int], int]], num_hea
                         **one_logit)
         hidden.append(out.hidden_states[-1][0, positions].to("cpu", dtype))
         targets.append(rows)
-        ends.append((ends[-1] if ends else -1) + len(positions))
     if not hidden:
         raise ValueError("No training positions: the continuations are too short (raise max_new_tokens).")
-    return HiddenStates(torch.cat(hidden), torch.cat(targets), torch.tensor(ends, dtype=torch.long))
+    ends = torch.tensor([len(rows) for rows in targets]).cumsum(0) - 1  # each sequence's last row
+    return HiddenStates(torch.cat(hidden), torch.cat(targets), ends)

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,8 +22,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .data import IGNORE, HiddenStates
+from ..bench.prompts import default_questions_path
+from .data import (IGNORE, HiddenStates, collect_hidden_states, load_text_prompts, self_distill, split_train_eval,
+                   write_prompts)
+from .evaluate import evaluate_heads
 from .heads import MedusaHeads
+from .loading import load_medusa_heads
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -176,8 +181,6 @@ def evaluate_medusa(heads, model, output_dir: str | Path | None = None, tokenize
     prompts, as ``train_medusa`` does at its end: writes ``evaluation.json`` and ``tree.json`` to
     ``output_dir`` (default: the heads' folder) and returns the ``Evaluation``. The held-out cache is shared
     with ``train_medusa`` runs of the same settings."""
-    from .loading import load_medusa_heads
-
     model, tokenizer = _frozen_base(model, tokenizer)
     if not isinstance(heads, MedusaHeads):
         output_dir = output_dir or heads
@@ -206,9 +209,6 @@ class _Recipe:
 
     def __init__(self, model, tokenizer, output_dir: Path, prompts_path, eval_every: int, limit: int | None,
                  max_new_tokens: int, generation_batch_size: int, num_heads: int, progress: bool, print_fn):
-        from ..bench.prompts import default_questions_path
-        from .data import load_text_prompts, split_train_eval, write_prompts
-
         self.model, self.tokenizer, self.output_dir = model, tokenizer, output_dir
         self.max_new_tokens, self.batch_size, self.num_heads = max_new_tokens, generation_batch_size, num_heads
         self.progress, self.print_fn = progress, print_fn
@@ -230,10 +230,6 @@ class _Recipe:
                       seed: int = 0) -> HiddenStates:
         """The split's hidden states, from ``cache/`` when the settings match, else self-distilled (one
         continuation per prompt, as ``do_sample`` says, plus ``samples`` - 1 sampled at ``temperature``)."""
-        import json
-
-        from .data import collect_hidden_states, self_distill
-
         path, meta = self.output_dir / "cache" / f"{split}.pt", self.output_dir / "cache" / f"{split}.json"
         settings = {**self.settings, "do_sample": do_sample}
         if samples > 1:
@@ -241,12 +237,12 @@ class _Recipe:
         if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
             return HiddenStates.load(path)
         torch.manual_seed(seed)
-        prompts, generate = self.prompts[split], (self.model, self.tokenizer)
-        sequences = self_distill(*generate, prompts, self.max_new_tokens, self.batch_size, do_sample,
-                                 progress=self.progress)
+        prompts = self.prompts[split]
+        sequences = self_distill(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size,
+                                 do_sample, progress=self.progress)
         for _ in range(samples - 1):
-            sequences += self_distill(*generate, prompts, self.max_new_tokens, self.batch_size, True,
-                                      progress=self.progress, temperature=temperature)
+            sequences += self_distill(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size,
+                                      True, progress=self.progress, temperature=temperature)
         data = collect_hidden_states(self.model, sequences, self.num_heads, progress=self.progress)
         path.parent.mkdir(parents=True, exist_ok=True)
         data.save(path)
@@ -254,10 +250,6 @@ class _Recipe:
         return data
 
     def evaluate(self, heads: MedusaHeads, held_out: HiddenStates):
-        import json
-
-        from .evaluate import evaluate_heads
-
         context = round(len(held_out) / max(len(self.prompts["eval"]), 1)) + 64
         evaluation = evaluate_heads(heads, held_out, self.model, context=context)
         self.print_fn(evaluation.table())
