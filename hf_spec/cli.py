@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--limit", type=int, help="at most this many questions")
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--repeats", type=int, default=1)
+    bench.add_argument("--warmup", type=int, default=1, help="prompts every mode runs untimed first (default 1)")
     bench.add_argument("--batch-size", type=int, default=1, help="prompts per generate() call, left-padded")
     bench.add_argument("--do-sample", action="store_true")
     bench.add_argument("--temperature", type=float, default=1.0)

@@ -11,17 +11,24 @@
 Where "auto" gets a while it decodes plainly: from the target itself. Every step already has the target's
 distribution at each committed token; its confidence (the top probability, after the user's logits
 processors) predicts whether a draft would have agreed there. ``ConfidenceCalibration`` learns, per pair
-and across calls, the acceptance by confidence bin from the steps that did speculate; ``a`` is a moving
-average of the calibrated acceptance of the recent tokens. So plain decoding costs the draft nothing (no
-probe steps, no draft prefill), and speculation starts where the text turns predictable. Starting it again
-after plain steps makes the draft catch up on every token it skipped (the whole prompt, the first time):
-"auto" switches only when the time the next run of predictable tokens should save exceeds that catch-up.
-Costs and calibration are kept per (target, draft, device, dtype) across calls (``cache_costs=False``
-starts afresh).
+and across calls, the acceptance by confidence bin from the steps that did speculate; the prediction is a
+moving average of the calibrated acceptance of the recent tokens. So plain decoding costs the draft nothing
+(no probe steps, no draft prefill), and speculation starts where the text turns predictable.
+
+That prediction is judged against what happens: speculation starts when the recent tokens were
+predictable, and the next ones are less so than the average says (regression to the mean; measured on the
+real pair: runs started at a predicted 0.9 or more went on at 0.5-0.8). A second calibration, by bin of the
+prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
+acceptance. Starting again after plain steps makes the draft catch up on every token it skipped (the whole
+prompt, the first time): "auto" switches only when the time the tokens ahead should save exceeds that
+catch-up, and it expects as many tokens ahead as the call has made so far (at most what is left and
+``max_horizon``): max_new_tokens says when an answer must stop, not how long it is. Costs and calibrations
+are kept per (target, draft, device, dtype) across calls (``cache_costs=False`` starts afresh).
 """
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 from .costmodel import expected_tokens_per_step
@@ -108,27 +115,37 @@ class CostEstimates:
 
 
 class ConfidenceCalibration:
-    """P(a proposal is accepted | the target's confidence where it is judged), by confidence bin.
+    """P(a proposal is accepted | a score in [0, 1]), by bin of the score: by default the target's confidence
+    where the proposal is judged; with ``PREDICTION_EDGES``, the acceptance "auto" predicted for the step.
 
     Each bin holds pseudo-counts (accepted, seen): a prior of ``prior_weight`` steps at the bin's middle, then
     observations; a bin keeps at most ``memory`` of them (older ones fade), so it follows a new pair or text.
     """
 
     EDGES = (0.3, 0.5, 0.7, 0.85, 0.95, 0.99)
+    PREDICTION_EDGES = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
 
-    def __init__(self, prior_weight: float = 2.0, memory: float = 200.0):
-        bounds = (0.0, *self.EDGES, 1.0)
+    def __init__(self, prior_weight: float = 2.0, memory: float = 200.0, edges: tuple[float, ...] = EDGES):
+        self.edges = edges
+        bounds = (0.0, *edges, 1.0)
         middles = [(lo + hi) / 2 for lo, hi in zip(bounds, bounds[1:])]
         self.accepted = [m * prior_weight for m in middles]
         self.seen = [prior_weight] * len(middles)
         self.memory = memory
 
     def _bin(self, confidence: float) -> int:
-        return bisect.bisect_right(self.EDGES, confidence)
+        return bisect.bisect_right(self.edges, confidence)
 
     def rate(self, confidence: float) -> float:
         b = self._bin(confidence)
         return self.accepted[b] / self.seen[b]
+
+    def optimistic_rate(self, confidence: float) -> float:
+        """The rate plus one standard error (at most 1): a bin with few observations gets tried again, so an
+        unlucky first record does not rule speculation out for good."""
+        b = self._bin(confidence)
+        rate = self.accepted[b] / self.seen[b]
+        return min(rate + math.sqrt(rate * (1 - rate) / self.seen[b]), 1.0)
 
     def update(self, confidence: float, accepted: bool) -> None:
         b = self._bin(confidence)
@@ -146,10 +163,14 @@ class PairMemory:
 
     costs: CostEstimates = field(default_factory=CostEstimates)
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
+    realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
         return self.calibration.setdefault(do_sample, ConfidenceCalibration())
+
+    def realised_for(self, do_sample: bool) -> ConfidenceCalibration:
+        return self.realised.setdefault(do_sample, ConfidenceCalibration(edges=ConfidenceCalibration.PREDICTION_EDGES))
 
 
 _MEMORY: dict[tuple, PairMemory] = {}
@@ -173,25 +194,34 @@ def pair_memory(target, draft, cache_costs: bool = True) -> PairMemory:
 class AutoLength(DraftLength):
     """Chooses k each step from measured costs and predicted acceptance (see the module docstring).
 
-    draft_cost_ratio: the draft's cost per token as a share of V(1) until it is measured (e.g. the ratio of
-    the parameter counts); catch_up_ratio: the draft's cost per skipped token (a prefill) as a share of its
-    cost per proposed token, until measured; smoothing: the weight of each new token in the acceptance
-    average; max_horizon: the most tokens (of those the call may still add) a switch to speculation is
-    expected to pay over; first_k: the length of the steps that measure the draft's costs, once per pair.
+    calibration: acceptance by the target's confidence; realised: acceptance by the prediction made before
+    a step (fresh when not given); draft_cost_ratio: the draft's cost per token as a share of V(1) until it
+    is measured (e.g. the ratio of the parameter counts); catch_up_ratio: the draft's cost per skipped token
+    (a prefill) as a share of its cost per proposed token, until measured; smoothing: the weight of each new
+    token in the acceptance average; max_horizon: the most tokens ahead a switch to speculation is expected
+    to pay over; first_k: the length of the steps that measure the draft's costs, once per pair.
     """
 
     def __init__(self, costs: CostEstimates, calibration: ConfidenceCalibration, max_k: int = 8,
                  draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
-                 max_horizon: int = 64, first_k: int = 3):
+                 max_horizon: int = 64, first_k: int = 3, realised: ConfidenceCalibration | None = None):
         self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
+        self.realised = realised or ConfidenceCalibration(edges=ConfidenceCalibration.PREDICTION_EDGES)
         self.draft_cost_ratio, self.catch_up_ratio = draft_cost_ratio, catch_up_ratio
         self.smoothing, self.max_horizon = smoothing, max_horizon
-        self.acceptance = 0.5  # predicted acceptance of the next proposals
+        self.acceptance = 0.5  # the confidence-calibrated prediction for the next proposals
+        self.predicted_for_step = self.acceptance  # the prediction when the last step was chosen
         self.behind = 0  # committed tokens the draft has not seen
+        self.made = 0  # tokens this call has committed
         self.remaining = max_horizon  # tokens the call may still add
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
-        self.behind, self.remaining = prompt_length, max_new_tokens
+        self.behind, self.remaining, self.made = prompt_length, max_new_tokens, 0
+
+    def expected_acceptance(self) -> float:
+        """a: the acceptance that steps chosen at this prediction have realised (optimistically, while the
+        record is short)."""
+        return self.realised.optimistic_rate(self.acceptance)
 
     def draft_token_cost(self) -> float:
         if self.costs.draft_token is not None:
@@ -203,7 +233,8 @@ class AutoLength(DraftLength):
         return tokens * (per_token if per_token is not None else self.catch_up_ratio * self.draft_token_cost())
 
     def survival(self, k: int) -> list[float]:
-        return [self.acceptance ** i for i in range(1, k + 1)]
+        a = self.expected_acceptance()
+        return [a ** i for i in range(1, k + 1)]
 
     def expected_rate(self, k: int) -> float:
         """Expected tokens per second with k proposals (k = 0: plain decoding)."""
@@ -216,12 +247,14 @@ class AutoLength(DraftLength):
         return max(range(self.max_k + 1), key=self.expected_rate)
 
     def worth_catching_up(self, k: int) -> bool:
-        """Would speculating over the tokens ahead (at most max_horizon) save more than the draft needs to
-        catch up on the tokens it skipped?"""
+        """Would speculating over the tokens ahead save more than the draft needs to catch up on the tokens it
+        skipped? Tokens ahead: as many as the call has made (at most what is left and max_horizon)."""
         saved_per_token = 1.0 / self.expected_rate(0) - 1.0 / self.expected_rate(k)
-        return saved_per_token * min(self.remaining, self.max_horizon) > self.catch_up_cost(self.behind - 1)
+        ahead = min(self.made, self.remaining, self.max_horizon)
+        return saved_per_token * ahead > self.catch_up_cost(self.behind - 1)
 
     def next(self) -> int:
+        self.predicted_for_step = self.acceptance
         if 1 not in self.costs.verify:
             return 0  # measure plain decoding first
         if self.costs.draft_token is None or self.costs.catch_up_token is None:
@@ -243,10 +276,13 @@ class AutoLength(DraftLength):
             for row_accepted, row_confidence in zip(accepted, confidence):
                 for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
                     self.calibration.update(row_confidence[i], i < row_accepted)
+                    self.realised.update(self.predicted_for_step, i < row_accepted)
             self.behind = 1
         else:
             self.behind += 1
-        self.remaining -= 1 + (min(accepted) if accepted else 0)
+        made = 1 + (min(accepted) if accepted else 0)
+        self.made += made
+        self.remaining -= made
         for row_confidence in confidence:  # the committed tokens, in order (a batch: row after row)
             for c in row_confidence:
                 self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
@@ -328,7 +364,8 @@ def draft_length(num_speculative_tokens, target, draft, do_sample: bool = False,
     if num_speculative_tokens == "auto":
         memory = pair_memory(target, draft, cache_costs)
         return AutoLength(memory.costs, memory.calibration_for(do_sample),
-                          draft_cost_ratio=draft.num_parameters() / target.num_parameters())
+                          draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
+                          realised=memory.realised_for(do_sample))
     if num_speculative_tokens == "stepwise":
         return StepwiseLength()
     return FixedLength(num_speculative_tokens)

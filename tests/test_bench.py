@@ -146,3 +146,22 @@ def test_synthetic_bench_rows(capsys):
                  "--max-new-tokens", "9", "--modes", "vanilla,draft", "--prompt-length", "8"]) == 0
     out = capsys.readouterr().out
     assert "draft@2~1.0" in out and "noise floor" in out
+
+
+def test_every_mode_warms_up_untimed_before_the_timed_runs(monkeypatch):
+    from hf_spec.bench import run as bench_run
+    from hf_spec.bench.prompts import Prompt
+
+    calls = []
+
+    def fake_generate_once(mode, contenders, inputs, generation_kwargs, reference=None):
+        calls.append((mode, inputs["id"]))
+        return torch.zeros(1, 3, dtype=torch.long), 1.0, None
+
+    monkeypatch.setattr(bench_run, "generate_once", fake_generate_once)
+    prompts = [Prompt("1", "a", "x"), Prompt("2", "b", "y")]
+    encoded = [{"input_ids": torch.zeros(1, 1, dtype=torch.long), "id": i} for i in range(2)]
+    runs = bench_run.run_modes(None, prompts, encoded, ["vanilla", "auto"], {}, progress=False, warmup=1)
+    assert calls[:2] == [("vanilla", 0), ("auto", 0)]  # the first prompt, untimed, then every prompt timed
+    assert len(calls) == 2 + 4 and [(r.mode, r.question_id) for r in runs] == [
+        ("vanilla", "1"), ("auto", "1"), ("auto", "2"), ("vanilla", "2")]

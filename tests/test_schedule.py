@@ -10,9 +10,14 @@ CPU = {1: 0.375, 2: 0.763, 4: 0.77, 6: 0.83, 9: 0.95}
 GPU_FLAT = {1: 0.020, 2: 0.020, 4: 0.021, 9: 0.022}
 
 
-def auto_with(verify, draft_token, acceptance, max_k=8, catch_up_token=0.01):
+def settled_record():
+    """A record of realised acceptance that has seen so much that each prediction maps to its bin's middle."""
+    return ConfidenceCalibration(prior_weight=1e14, memory=2e14, edges=ConfidenceCalibration.PREDICTION_EDGES)
+
+
+def auto_with(verify, draft_token, acceptance, max_k=8, catch_up_token=0.01, realised=None):
     costs = CostEstimates(verify=dict(verify), draft_token=draft_token, catch_up_token=catch_up_token)
-    auto = AutoLength(costs, ConfidenceCalibration(), max_k=max_k)
+    auto = AutoLength(costs, ConfidenceCalibration(), max_k=max_k, realised=realised or settled_record())
     auto.start(prompt_length=1, max_new_tokens=1000)  # nothing to catch up on
     auto.acceptance = acceptance
     return auto
@@ -72,18 +77,48 @@ def test_speculative_steps_teach_the_calibration():
     assert auto.calibration.rate(0.995) < 0.05 and auto.acceptance < 0.1 and auto.next() == 0
 
 
-def test_switching_on_pays_for_the_drafts_catch_up():
+def test_switching_on_pays_for_the_drafts_catch_up_over_as_many_tokens_as_the_call_has_made():
     auto = auto_with(CPU, 0.15, 0.97, catch_up_token=0.01)
-    auto.start(prompt_length=2000, max_new_tokens=64)  # catching up on 2000 tokens costs 20 s
-    assert auto.best_k() > 0 and auto.next() == 0
-    auto.start(prompt_length=100, max_new_tokens=64)  # 1 s: worth it over 64 predictable tokens
-    assert auto.next() > 0
-    auto.start(prompt_length=100, max_new_tokens=2)  # not over 2
+    auto.start(prompt_length=100, max_new_tokens=64)  # catching up costs 1 s; 8 proposals save ~0.1 s a token
+    assert auto.best_k() > 0 and auto.next() == 0  # nothing made yet: no reason to expect a long answer
+    auto.made = 5
+    assert auto.next() == 0  # 5 tokens ahead save ~0.5 s
+    auto.made = 20
+    assert auto.next() > 0  # 20 tokens ahead save ~2 s
+    auto.remaining = 3
+    assert auto.next() == 0  # but not if the call may add only 3 more
+    auto.start(prompt_length=2000, max_new_tokens=1000)  # 20 s: more than max_horizon tokens can save
+    auto.made = 500
     assert auto.next() == 0
 
 
+def test_speculation_that_does_not_realise_its_prediction_stops():
+    auto = auto_with(CPU, 0.15, 0.97, realised=ConfidenceCalibration(edges=ConfidenceCalibration.PREDICTION_EDGES))
+    auto.made = 64
+    assert auto.next() == 8 and auto.expected_acceptance() == 1.0  # no record yet: optimistic
+    steps = 0
+    while (k := auto.next()) > 0:  # chosen at a prediction of 0.97, the steps accept one proposal in two
+        auto.observe(k, [1], 0.15 * k, 0.95, [[0.9, 0.9]])
+        auto.acceptance, steps = 0.97, steps + 1
+        assert steps < 10
+    assert auto.realised.rate(0.97) < 0.8 and auto.acceptance == 0.97
+    auto.acceptance = 0.99
+    assert auto.expected_acceptance() == 1.0 and auto.next() == 8  # other predictions keep their own record
+
+
+def test_a_short_unlucky_record_is_tried_again():
+    record = ConfidenceCalibration(edges=ConfidenceCalibration.PREDICTION_EDGES)
+    for accepted in (False, False):
+        record.update(0.97, accepted)  # prior: 2 at 0.965; now 1.93 of 4
+    assert record.rate(0.97) == pytest.approx(0.4825)
+    assert record.optimistic_rate(0.97) == pytest.approx(0.4825 + (0.4825 * 0.5175 / 4) ** 0.5)
+    for _ in range(300):
+        record.update(0.97, False)
+    assert record.optimistic_rate(0.97) < 0.02  # a long record leaves little doubt
+
+
 def test_startup_measures_plain_then_the_drafts_costs_once():
-    auto = AutoLength(CostEstimates(), ConfidenceCalibration())
+    auto = AutoLength(CostEstimates(), ConfidenceCalibration(), realised=settled_record())
     auto.start(prompt_length=101, max_new_tokens=100)
     assert auto.next() == 0
     auto.observe(0, [0], 0.0, 0.4, [[0.5]])

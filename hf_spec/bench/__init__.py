@@ -23,10 +23,11 @@ from .run import Contenders, mode_names, run_modes
 
 def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_tokens=64, repeats=1,
               do_sample=False, temperature=1.0, calibrate_costs=True, progress=True, print_fn=print,
-              json_path=None, plot_path=None, encoded=None, alphas=None, batch_size=1) -> list[dict]:
+              json_path=None, plot_path=None, encoded=None, alphas=None, batch_size=1, warmup=1) -> list[dict]:
     """Run and report. ``encoded``: the prompts' model inputs (default: chat-encoded with ``tokenizer``);
     ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only); ``batch_size``: prompts per
-    generate() call, left-padded (tokens/s then counts every row's tokens)."""
+    generate() call, left-padded (tokens/s then counts every row's tokens); ``warmup``: prompts every mode
+    runs untimed first."""
     names = mode_names(modes, ks, alphas, contenders.quantization)
     encoded = encoded or [encode(tokenizer, p.text) for p in prompts]
     pad_token_id = None
@@ -59,7 +60,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     if pad_token_id is not None:
         generation_kwargs["pad_token_id"] = pad_token_id
     runs = run_modes(contenders, prompts, encoded, names, generation_kwargs, repeats, progress, references,
-                     pad_token_id)
+                     pad_token_id, warmup)
     rows = summarize(runs, costs, max_new_tokens, tree_nodes)
     batches = f" in batches of {batch_size}" if batch_size > 1 else ""
     print_fn(f"{len(prompts)} {'batches' if batch_size > 1 else 'prompts'}{batches} x {repeats} repeats, {max_new_tokens} new tokens, "
@@ -67,7 +68,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     print_fn(format_report(rows, costs))
     if json_path:
         settings = dict(modes=names, ks=ks, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
-                        repeats=repeats, do_sample=do_sample, temperature=temperature,
+                        repeats=repeats, do_sample=do_sample, temperature=temperature, warmup=warmup,
                         prompts=[p.question_id for p in prompts])
         write_json(json_path, rows, runs, costs, settings)
     if plot_path:
@@ -94,7 +95,7 @@ def main(args) -> int:
     rows = run_bench(contenders, tokenizer, prompts=prompts, modes=args.modes.split(","),
                      ks=[int(k) for k in args.k.split(",")], max_new_tokens=args.max_new_tokens,
                      repeats=args.repeats, do_sample=args.do_sample, temperature=args.temperature,
-                     json_path=args.json, plot_path=args.plot, batch_size=args.batch_size)
+                     json_path=args.json, plot_path=args.plot, batch_size=args.batch_size, warmup=args.warmup)
     return 0 if all(r["equal_to_vanilla"] in (None, 1.0) for r in rows) else 1
 
 
@@ -117,5 +118,5 @@ def synthetic_main(args) -> int:
     modes = [m for m in args.modes.split(",") if m in ("vanilla", "draft")]
     run_bench(Contenders(target, draft), None, prompts=prompts, modes=modes, ks=[int(k) for k in args.k.split(",")],
               max_new_tokens=args.max_new_tokens, repeats=args.repeats, encoded=encoded, alphas=alphas,
-              json_path=args.json, plot_path=args.plot)
+              json_path=args.json, plot_path=args.plot, warmup=args.warmup)
     return 0

@@ -110,12 +110,18 @@ def new_token_count(out: torch.LongTensor, inputs: dict, pad_token_id: int | Non
 
 def run_modes(contenders: Contenders, prompts: list[Prompt], encoded: list[dict], modes: list[str],
               generation_kwargs: dict, repeats: int = 1, progress: bool = True, references=None,
-              pad_token_id: int | None = None) -> list[Run]:
+              pad_token_id: int | None = None, warmup: int = 1) -> list[Run]:
     """All modes on all prompts; the mode order rotates from prompt to prompt so that none is always first.
 
     encoded: the model inputs of each prompt (or batch of prompts); references: each prompt's greedy output
-    (controlled modes); pad_token_id: what pads a batch's rows that finished early."""
+    (controlled modes); pad_token_id: what pads a batch's rows that finished early; warmup: every mode first
+    runs on this many prompts untimed (first calls of each shape, and what "auto" learns on a first call, as
+    a long-running process has it)."""
     greedy = not generation_kwargs.get("do_sample", False)
+    for index in range(min(warmup, len(prompts))):
+        for mode in modes:
+            reference = references[index] if references is not None else None
+            generate_once(mode, contenders, encoded[index], generation_kwargs, reference)
     runs = []
     bar = tqdm(total=repeats * len(prompts) * len(modes), disable=not progress, desc="bench", unit="run")
     for repeat in range(repeats):
