@@ -9,7 +9,8 @@ from hf_spec.medusa import MedusaHeads, load_medusa_heads
 from hf_spec.medusa.data import (IGNORE, HiddenStates, TextPrompt, collect_hidden_states, load_text_prompts,
                                  self_distill, split_train_eval, targets_for)
 from hf_spec.medusa.evaluate import NO_TARGET, NOT_IN_TOP_K, accuracy_from_ranks, replayed_tokens_per_step, target_ranks
-from hf_spec.medusa.train import TrainConfig, evaluate_medusa, train_heads, train_medusa
+from hf_spec.medusa.train import (TrainConfig, base_distribution, evaluate_medusa, sequence_last_rows, soft_target_losses,
+                                  train_heads, train_medusa)
 from hf_spec.runner import CachedModel
 from hf_spec.testing import tiny_causal_lm
 
@@ -83,6 +84,54 @@ def test_resume_continues_from_the_saved_step(small_model, successor_data, tmp_p
         assert torch.allclose(a, b, atol=1e-6)
     with pytest.raises(FileNotFoundError, match="Nothing to resume"):
         train_heads(interrupted, successor_data, config, tmp_path / "empty", resume=True, progress=False)
+
+
+def test_soft_targets_are_the_base_models_distribution_for_each_heads_token(small_model):
+    sequences = [([3, 1, 4, 1, 5, 9, 2, 6], 2), ([2, 7, 1, 8, 2, 8], 3)]
+    data = collect_hidden_states(small_model, sequences, num_heads=2, progress=False)
+    last_rows = sequence_last_rows(data)
+    assert last_rows.tolist() == [5] * 6 + [8] * 3  # positions 0..5 of the first sequence, 1..3 of the second
+    positions = [(0, t) for t in range(6)] + [(1, t) for t in range(1, 4)]
+    base = [torch.softmax(small_model(torch.tensor([tokens])).logits[0], -1) for tokens, _ in sequences]
+    lm_head, rows = small_model.get_output_embeddings(), torch.arange(len(data))
+    for i in range(2):  # head i's token at position t is t + i + 2: the model predicts it at t + i + 1
+        kept, teacher = base_distribution(i, rows, data, last_rows, lm_head)
+        expected = [(s, t) for s, t in positions if t + i + 1 <= len(sequences[s][0]) - 3]  # rows that exist
+        assert kept.tolist() == [(s, t) in expected for s, t in positions]
+        assert torch.allclose(teacher, torch.stack([base[s][t + i + 1] for s, t in expected]), atol=1e-5)
+    # heads that predict exactly that reach the least cross-entropy: the teacher's entropy
+    logits = torch.randn(2, len(data), VOCAB)
+    for i in range(2):
+        kept, teacher = base_distribution(i, rows, data, last_rows, lm_head)
+        logits[i, kept] = teacher.log()
+    entropy = torch.stack([-(t * t.log()).sum(-1).mean()
+                           for t in (base_distribution(i, rows, data, last_rows, lm_head)[1] for i in range(2))])
+    assert torch.allclose(soft_target_losses(logits, rows, data, last_rows, lm_head), entropy, atol=1e-5)
+    worse = soft_target_losses(3 * torch.randn(2, len(data), VOCAB), rows, data, last_rows, lm_head)
+    assert (worse > entropy + 0.1).all()
+
+
+def test_training_on_soft_targets_brings_the_heads_to_the_base_models_distribution(small_model, successor_data):
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True)
+    rows, last_rows = torch.arange(len(successor_data)), sequence_last_rows(successor_data)
+    lm_head = small_model.get_output_embeddings()
+
+    def divergence():  # mean KL(base || heads) per head = cross-entropy - the base's entropy
+        with torch.no_grad():
+            logits = heads(successor_data.hidden)
+        entropy = torch.stack([-(t * t.log()).sum(-1).mean() for t in
+                               (base_distribution(i, rows, successor_data, last_rows, lm_head)[1] for i in range(2))])
+        return soft_target_losses(logits, rows, successor_data, last_rows, lm_head) - entropy
+
+    before = divergence()
+    config = TrainConfig(num_heads=2, epochs=10, batch_size=64, learning_rate=3e-3, warmup_steps=5, soft_targets=1.0)
+    train_heads(heads, successor_data, config, progress=False)
+    assert (divergence() < 0.5 * before).all()
+    with pytest.raises(ValueError, match="soft_targets is a weight"):
+        TrainConfig(soft_targets=1.5)
+    with pytest.raises(ValueError, match="needs the base model's lm_head"):
+        train_heads(MedusaHeads.for_model(small_model, num_heads=2), successor_data, config, progress=False)
 
 
 def test_both_layouts_round_trip(small_model, tmp_path):

@@ -6,7 +6,8 @@
 2. self-distillation: the base model continues every prompt (``hf_spec.medusa.data``);
 3. its last hidden states are computed once and cached in ``OUTPUT/cache/``;
 4. the heads train on the cached states: loss = sum_i decay^i x cross-entropy of head i (head i predicts
-   token t + i + 2); checkpoints in ``OUTPUT/checkpoint.pt`` every ``checkpoint_every`` steps and at the end
+   token t + i + 2), against the token, or (``soft_targets`` > 0) partly against the base model's own
+   distribution for that token, softmax(lm_head(h[t + i + 1])), from the cached states too; checkpoints in ``OUTPUT/checkpoint.pt`` every ``checkpoint_every`` steps and at the end
    (``--resume`` continues from the step saved, on the same shuffled order);
 5. the heads are saved in the Medusa-1 layout (the shared-lm_head layout by default: ResBlocks only), then
    evaluated on the held-out prompts (``hf_spec.medusa.evaluate``).
@@ -42,9 +43,14 @@ class TrainConfig:
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
     loss_decay: float = 0.8  # head i's loss weight is loss_decay ** i (upstream Medusa-1 uses 0.8)
+    soft_targets: float = 0.0  # weight of the base model's distribution against the token's (0: tokens only)
     warmup_steps: int = 20
     checkpoint_every: int = 200
     seed: int = 0
+
+    def __post_init__(self):
+        if not 0.0 <= self.soft_targets <= 1.0:
+            raise ValueError(f"soft_targets is a weight in [0, 1]; got {self.soft_targets}.")
 
 
 def head_losses(logits: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
@@ -52,6 +58,37 @@ def head_losses(logits: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor
     return torch.stack([nn.functional.cross_entropy(logits[i].float(), targets[:, i], ignore_index=IGNORE)
                         if (targets[:, i] != IGNORE).any() else logits.new_zeros(())
                         for i in range(logits.shape[0])])
+
+
+def sequence_last_rows(data: HiddenStates) -> torch.LongTensor:
+    """[N]: the row of the last position of each row's sequence."""
+    return data.ends[torch.searchsorted(data.ends, torch.arange(len(data)))]
+
+
+def base_distribution(head: int, rows: torch.LongTensor, data: HiddenStates, last_rows: torch.LongTensor,
+                      base_lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the base model predicts for head ``head``'s token at each of ``rows``: softmax(lm_head(h)) at row
+    r + head + 1, the next positions of the same sequence. Returns (kept [len(rows)] bool: the rows whose
+    source lies within their sequence, probabilities [kept rows, vocab])."""
+    source = rows + head + 1
+    kept = source <= last_rows[rows]
+    with torch.no_grad():
+        hidden = data.hidden[source[kept]].to(base_lm_head.weight.device, base_lm_head.weight.dtype)
+        return kept, torch.softmax(base_lm_head(hidden).float(), dim=-1)
+
+
+def soft_target_losses(logits: torch.Tensor, rows: torch.LongTensor, data: HiddenStates, last_rows: torch.LongTensor,
+                       base_lm_head: nn.Module) -> torch.Tensor:
+    """Per-head cross-entropy [num_heads] of the heads' ``logits`` at ``rows`` against ``base_distribution``."""
+    losses = []
+    for i in range(logits.shape[0]):
+        kept, teacher = base_distribution(i, rows, data, last_rows, base_lm_head)
+        if not kept.any():
+            losses.append(logits.new_zeros(()))
+            continue
+        student = torch.log_softmax(logits[i][kept.to(logits.device)].float(), dim=-1)
+        losses.append(-(teacher.to(student.device) * student).sum(-1).mean())
+    return torch.stack(losses)
 
 
 def head_top1(logits: torch.Tensor, targets: torch.LongTensor) -> list[float]:
@@ -65,15 +102,22 @@ def head_top1(logits: torch.Tensor, targets: torch.LongTensor) -> list[float]:
 
 
 def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, output_dir: str | Path | None = None,
-                resume: bool = False, progress: bool = True, max_steps: int | None = None) -> list[dict]:
+                resume: bool = False, progress: bool = True, max_steps: int | None = None,
+                base_lm_head: nn.Module | None = None) -> list[dict]:
     """Train ``heads`` (attached to their base model) on ``data``; returns the log (step, loss, top-1 per head).
 
     With ``output_dir`` a checkpoint (heads, optimizer, step, log) is written every ``config.checkpoint_every``
     steps and at the end; ``resume`` loads it and continues from its step on the same batch order.
-    ``max_steps`` stops early (for tests and budgets)."""
+    ``max_steps`` stops early (for tests and budgets). ``base_lm_head``: the base model's, for
+    ``config.soft_targets`` (default: the one shared-layout heads are attached to)."""
     device = next(heads.parameters()).device
     for lm_head in heads._base_lm_head:  # the base model stays frozen
         lm_head.requires_grad_(False)
+    if config.soft_targets:
+        base_lm_head = base_lm_head or (heads._base_lm_head[0] if heads._base_lm_head else None)
+        if base_lm_head is None:
+            raise ValueError("soft_targets needs the base model's lm_head: pass base_lm_head=.")
+        last_rows = sequence_last_rows(data)
     steps_per_epoch = math.ceil(len(data) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
     optimizer = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=config.learning_rate,
@@ -103,6 +147,9 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
         targets = data.targets[batch].to(device)
         logits = heads(hidden)  # [num_heads, batch, vocab]
         losses = head_losses(logits, targets)
+        if config.soft_targets:
+            soft = soft_target_losses(logits, batch, data, last_rows, base_lm_head)
+            losses = (1 - config.soft_targets) * losses + config.soft_targets * soft
         loss = (weights * losses).sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -169,7 +216,8 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
 
     torch.manual_seed(config.seed)
     heads = MedusaHeads.for_model(model, config.num_heads, config.num_layers, config.shared_lm_head)
-    train_heads(heads, train, config, recipe.output_dir, resume=resume, progress=progress)
+    train_heads(heads, train, config, recipe.output_dir, resume=resume, progress=progress,
+                base_lm_head=model.get_output_embeddings())
     heads.save_pretrained(recipe.output_dir)
     return heads, recipe.evaluate(heads, held_out)
 
