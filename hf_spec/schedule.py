@@ -141,8 +141,9 @@ class ConfidenceCalibration:
         return self.accepted[b] / self.seen[b]
 
     def optimistic_rate(self, confidence: float) -> float:
-        """The rate plus one standard error (at most 1): a bin with few observations gets tried again, so an
-        unlucky first record does not rule speculation out for good."""
+        """The rate plus one standard error (prior included; at most 1): a bin with a short record is taken
+        at better than its mean, so one unlucky step does not end speculation there. A bin whose optimistic
+        rate says "plain" gets no new observations, so that verdict stands."""
         b = self._bin(confidence)
         rate = self.accepted[b] / self.seen[b]
         return min(rate + math.sqrt(rate * (1 - rate) / self.seen[b]), 1.0)

@@ -79,7 +79,9 @@ def base_distribution(head: int, rows: torch.LongTensor, data: HiddenStates, las
 
 def soft_target_losses(logits: torch.Tensor, rows: torch.LongTensor, data: HiddenStates, last_rows: torch.LongTensor,
                        base_lm_head: nn.Module) -> torch.Tensor:
-    """Per-head cross-entropy [num_heads] of the heads' ``logits`` at ``rows`` against ``base_distribution``."""
+    """Per-head cross-entropy [num_heads] of the heads' ``logits`` at ``rows`` against ``base_distribution``
+    (each head's last row of a sequence has none: the cache ends at the third-to-last position; it learns
+    from its token only)."""
     losses = []
     for i in range(logits.shape[0]):
         kept, teacher = base_distribution(i, rows, data, last_rows, base_lm_head)
