@@ -120,14 +120,22 @@ def speculative_generate(
     prompt_length = input_ids.shape[1]
     rows = list(input_ids.split(1))  # each row's committed tokens [1, S_r], its left padding included
     schedule.start(prompt_length, max_length - prompt_length)
+    k = schedule.next()
+    # Each step feeds the last committed token (its root) with the proposals, so the prefill stops before the
+    # prompt's last token; when the first step proposes nothing, the prefill takes that token too (as
+    # generate()'s does) and its logits serve the first step, which then runs no forward of its own.
+    prefilled = None
     with timer("prefill_s"):
         target.rollback(prompt_length - 1)
         if padding_mask is not None and target.length:  # a cache generate() was given: its entries' padding
             target.valid = padding_mask[:, : target.length].bool().to(target.device)
-        if target.length < prompt_length - 1:
-            valid = None if padding_mask is None else padding_mask[:, target.length : -1].bool()
-            prefill = target.forward(input_ids[:, target.length : -1], 1, valid=valid, hidden_states=hidden_states)
+        end = prompt_length if k == 0 else prompt_length - 1
+        if target.length < end:
+            valid = None if padding_mask is None else padding_mask[:, target.length : end].bool()
+            prefill = target.forward(input_ids[:, target.length : end], 1, valid=valid, hidden_states=hidden_states)
             proposer.advance([0] * batch_size, prefill.hidden[:, -1] if hidden_states else None)
+            if end == prompt_length:
+                prefilled = prefill
 
     finished = [False] * batch_size
     while not all(finished):
@@ -135,17 +143,21 @@ def speculative_generate(
         spent = (stats.propose_s, stats.verify_s)
 
         with timer("propose_s"):
-            proposal = proposer.propose(rows, schedule.next(), logits_processor, generation_config.do_sample,
+            proposal = proposer.propose(rows, k, logits_processor, generation_config.do_sample,
                                         max_depth=max(max_length - longest - 1, 0))
 
         with timer("verify_s"):
-            block = torch.cat([torch.cat([row[:, -1:] for row in rows]), proposal.tokens], dim=-1)  # roots + proposals
-            live = None if not any(finished) else torch.tensor([not done for done in finished]).unsqueeze(1)
-            block_start, tree = target.length, proposal.tree
-            logits, hidden = target.forward(block, block.shape[1], valid=None if live is None else live.expand_as(block),
-                                            hidden_states=hidden_states,
-                                            tree_mask=None if tree is None else tree.ancestor_mask,
-                                            tree_depths=None if tree is None else tree.depths)
+            if prefilled is not None:  # the first step, plain: the prefill scored it
+                logits, hidden, block_start, tree = prefilled.logits, prefilled.hidden, None, None
+            else:
+                block = torch.cat([torch.cat([row[:, -1:] for row in rows]), proposal.tokens], dim=-1)  # roots + proposals
+                live = None if not any(finished) else torch.tensor([not done for done in finished]).unsqueeze(1)
+                block_start, tree = target.length, proposal.tree
+                logits, hidden = target.forward(block, block.shape[1],
+                                                valid=None if live is None else live.expand_as(block),
+                                                hidden_states=hidden_states,
+                                                tree_mask=None if tree is None else tree.ancestor_mask,
+                                                tree_depths=None if tree is None else tree.depths)
             # logits [batch, num_nodes + 1, vocab]; hidden [batch, num_nodes + 1, hidden_size] or None
 
         kept, accepted_counts, confidence = [], [], []
@@ -167,13 +179,18 @@ def speculative_generate(
             accepted_counts.append(len(accepted))
         if batch_size > 1:
             stats.k_per_step.append(proposal.num_tokens)
+        verify_s = None if prefilled is not None else stats.verify_s - spent[1]  # None: no forward was timed
         schedule.observe(proposal.num_tokens, [a for a, path in zip(accepted_counts, kept) if path],
-                         stats.propose_s - spent[0], stats.verify_s - spent[1], confidence)
-        target.keep(block_start, kept, acceptance.verifier.compact_layer)
+                         stats.propose_s - spent[0], verify_s, confidence)
+        if prefilled is None:
+            target.keep(block_start, kept, acceptance.verifier.compact_layer)
+        prefilled = None
         if hidden is not None:  # each row's hidden state at the last token it kept
             last = torch.tensor([path[-1] if path else 0 for path in kept], device=hidden.device)
             hidden = hidden[torch.arange(batch_size, device=hidden.device), last]
         proposer.advance(accepted_counts, hidden)
+        if not all(finished):
+            k = schedule.next()
 
     if streamer is not None:
         streamer.end()

@@ -44,11 +44,11 @@ class DraftLength:
         """The number of tokens to propose at the next step (0: a plain decoding step)."""
         raise NotImplementedError
 
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
-        """What the step with k proposals kept in each row still decoding, what proposing and verifying took,
-        and the target's confidence (top probability) at each token a row committed: entry i judged proposal
-        i + 1."""
+        """What the step with k proposals kept in each row still decoding, what proposing and verifying took
+        (verify_s None: the step ran no forward, the prefill had scored it), and the target's confidence (top
+        probability) at each token a row committed: entry i judged proposal i + 1."""
 
 
 class FixedLength(DraftLength):
@@ -68,7 +68,7 @@ class StepwiseLength(DraftLength):
     def next(self) -> int:
         return self.k
 
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         if k == 0 or not accepted:
             return
@@ -89,8 +89,9 @@ class CostEstimates:
     def _smoothed(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
-    def update_verify(self, width: int, seconds: float) -> None:
-        self.verify[width] = self._smoothed(self.verify.get(width), seconds)
+    def update_verify(self, width: int, seconds: float | None) -> None:
+        if seconds is not None:  # None: nothing was timed
+            self.verify[width] = self._smoothed(self.verify.get(width), seconds)
 
     def update_draft(self, seconds_per_token: float) -> None:
         self.draft_token = self._smoothed(self.draft_token, seconds_per_token)
@@ -265,7 +266,7 @@ class AutoLength(DraftLength):
             return 0
         return k
 
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         self.costs.update_verify(k + 1, verify_s)
         if k > 0:
@@ -344,7 +345,7 @@ class AutoTree(DraftLength):
             return self.best_size(smallest=1)
         return 0
 
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float,
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         self.costs.update_verify(k + 1, verify_s)
         if k > 0:

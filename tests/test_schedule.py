@@ -163,7 +163,8 @@ def test_adaptive_lengths_keep_greedy_output(target, drafts, prompt, mode, kind)
     stats = hf_spec.last_stats()
     assert sum(stats.k_histogram.values()) == stats.steps
     if mode == "auto":
-        assert stats.k_per_step[:3] == [0, 3, 3]  # measure plain decoding, then the draft's costs
+        # the prefill scores the first step; then measure plain decoding, then the draft's costs
+        assert stats.k_per_step[:4] == [0, 0, 3, 3]
     if mode == "stepwise" and kind == "always":
         assert stats.k_per_step[:3] == [3, 4, 5]
 
@@ -179,6 +180,21 @@ def test_auto_decodes_plainly_with_a_draft_that_is_never_right_and_leaves_it_idl
     ks = hf_spec.last_stats().k_per_step
     assert ks[3:].count(0) >= 0.75 * len(ks[3:])  # after measuring the draft: mostly plain (each bin learns once)
     assert len(calls) == sum(ks)  # one draft forward per proposed token; none in plain steps
+
+
+def test_a_plain_first_step_is_scored_by_the_prefill_and_times_nothing(target, drafts, prompt):
+    calls = []
+    hook = target.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        target.generate(**prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20, strategy="draft",
+                        draft_model=drafts["never"], num_speculative_tokens="auto", cache_costs=False)
+    finally:
+        hook.remove()
+    stats = hf_spec.last_stats()
+    assert stats.k_per_step[0] == 0 and len(calls) == stats.steps  # the prefill, then one forward per later step
+    auto = AutoLength(CostEstimates(), ConfidenceCalibration())
+    auto.observe(0, [0], 0.0, None, [[0.5]])
+    assert auto.costs.verify == {} and auto.next() == 0  # plain decoding is still to be measured
 
 
 def test_bad_lengths():
