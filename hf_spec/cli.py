@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--curves", default="cpu,gpu-flat")
     simulate.add_argument("--alphas", default="0.2,0.5,0.8,0.95")
     simulate.add_argument("--tokens", type=int, default=2000)
+    simulate.add_argument("--seeds", type=int, default=1, help="also auto's worst run over this many seeds")
 
     args = parser.parse_args(argv)
     if args.command == "train-medusa":
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "simulate":
         from .bench.simulate import main as simulate_main
 
-        return simulate_main(["--curves", args.curves, "--alphas", args.alphas, "--tokens", str(args.tokens)])
+        return simulate_main(["--curves", args.curves, "--alphas", args.alphas, "--tokens", str(args.tokens),
+                              "--seeds", str(args.seeds)])
     if args.command == "plan":
         from .plan import plan
 

@@ -19,7 +19,7 @@ That prediction is judged against what happens: speculation starts when the rece
 predictable, and the next ones are less so than the average says (regression to the mean; measured on the
 real pair: runs started at a predicted 0.9 or more went on at 0.5-0.8). A second calibration, by bin of the
 prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
-acceptance. Starting again after plain steps makes the draft catch up on every token it skipped (the whole
+acceptance (one standard error optimistic while a bin's record is short). Starting again after plain steps makes the draft catch up on every token it skipped (the whole
 prompt, the first time): "auto" switches only when the time the tokens ahead should save exceeds that
 catch-up, and it expects as many tokens ahead as the call has made so far (at most what is left and
 ``max_horizon``): max_new_tokens says when an answer must stop, not how long it is. Costs and calibrations

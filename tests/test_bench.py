@@ -123,6 +123,8 @@ def test_simulate_cli(capsys):
 
     assert main(["simulate", "--curves", "cpu", "--alphas", "0.95", "--tokens", "300"]) == 0
     assert "auto/best" in capsys.readouterr().out
+    assert main(["simulate", "--curves", "cpu", "--alphas", "0.95", "--tokens", "300", "--seeds", "2"]) == 0
+    assert "worst" in capsys.readouterr().out
 
 
 def test_synthetic_controlled_acceptance():

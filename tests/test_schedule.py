@@ -138,8 +138,8 @@ def test_simulated_auto_is_close_to_the_best_fixed_k():
     from hf_spec.bench.simulate import compare
 
     for curve in ("cpu", "gpu-flat"):
-        for row in compare(curve, tokens=1500):
-            assert row["auto_vs_best"] >= 0.9, row
+        for row in compare(curve, tokens=1500, seeds=3):
+            assert row["auto_vs_best"] >= 0.9 and row["auto_worst_vs_best"] >= 0.9, row
             if row["best_fixed_k"] > 0 and row["best_fixed"] > 1.1 * row["plain"]:
                 assert max(row["auto_k_histogram"], key=row["auto_k_histogram"].get) > 0, row
 
