@@ -19,10 +19,11 @@ That prediction is judged against what happens: speculation starts when the rece
 predictable, and the next ones are less so than the average says (regression to the mean; measured on the
 real pair: runs started at a predicted 0.9 or more went on at 0.5-0.8). A second calibration, by bin of the
 prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
-acceptance (one standard error optimistic while a bin's record is short). Starting again after plain steps makes the draft catch up on every token it skipped (the whole
-prompt, the first time): "auto" switches only when the time the tokens ahead should save exceeds that
-catch-up, and it expects as many tokens ahead as the call has made so far (at most what is left and
-``max_horizon``): max_new_tokens says when an answer must stop, not how long it is. Costs and calibrations
+acceptance (one standard error optimistic while a bin's record is short). Starting again after plain
+steps makes the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches
+only when the time the tokens ahead should save exceeds that catch-up, and it expects as many tokens ahead as
+the call has made so far (at most what is left and ``max_horizon``): max_new_tokens says when an answer must
+stop, not how long it is. Costs and calibrations
 are kept per (target, draft, device, dtype) across calls (``cache_costs=False`` starts afresh).
 """
 from __future__ import annotations
@@ -137,6 +138,11 @@ class ConfidenceCalibration:
     def _bin(self, confidence: float) -> int:
         return bisect.bisect_right(self.edges, confidence)
 
+    @classmethod
+    def of_predictions(cls) -> "ConfidenceCalibration":
+        """Bins of the acceptance "auto" predicted for a step: what such steps realised."""
+        return cls(edges=cls.PREDICTION_EDGES)
+
     def rate(self, confidence: float) -> float:
         b = self._bin(confidence)
         return self.accepted[b] / self.seen[b]
@@ -145,9 +151,8 @@ class ConfidenceCalibration:
         """The rate plus one standard error (prior included; at most 1): a bin with a short record is taken
         at better than its mean, so one unlucky step does not end speculation there. A bin whose optimistic
         rate says "plain" gets no new observations, so that verdict stands."""
-        b = self._bin(confidence)
-        rate = self.accepted[b] / self.seen[b]
-        return min(rate + math.sqrt(rate * (1 - rate) / self.seen[b]), 1.0)
+        rate = self.rate(confidence)
+        return min(rate + math.sqrt(rate * (1 - rate) / self.seen[self._bin(confidence)]), 1.0)
 
     def update(self, confidence: float, accepted: bool) -> None:
         b = self._bin(confidence)
@@ -172,7 +177,7 @@ class PairMemory:
         return self.calibration.setdefault(do_sample, ConfidenceCalibration())
 
     def realised_for(self, do_sample: bool) -> ConfidenceCalibration:
-        return self.realised.setdefault(do_sample, ConfidenceCalibration(edges=ConfidenceCalibration.PREDICTION_EDGES))
+        return self.realised.setdefault(do_sample, ConfidenceCalibration.of_predictions())
 
 
 _MEMORY: dict[tuple, PairMemory] = {}
@@ -208,17 +213,22 @@ class AutoLength(DraftLength):
                  draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
                  max_horizon: int = 64, first_k: int = 3, realised: ConfidenceCalibration | None = None):
         self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
-        self.realised = realised or ConfidenceCalibration(edges=ConfidenceCalibration.PREDICTION_EDGES)
+        self.realised = realised or ConfidenceCalibration.of_predictions()
         self.draft_cost_ratio, self.catch_up_ratio = draft_cost_ratio, catch_up_ratio
         self.smoothing, self.max_horizon = smoothing, max_horizon
         self.acceptance = 0.5  # the confidence-calibrated prediction for the next proposals
         self.predicted_for_step = self.acceptance  # the prediction when the last step was chosen
         self.behind = 0  # committed tokens the draft has not seen
         self.made = 0  # tokens this call has committed
-        self.remaining = max_horizon  # tokens the call may still add
+        self.max_new_tokens = max_horizon  # tokens the call may add
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
-        self.behind, self.remaining, self.made = prompt_length, max_new_tokens, 0
+        self.behind, self.max_new_tokens, self.made = prompt_length, max_new_tokens, 0
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the call may still add."""
+        return self.max_new_tokens - self.made
 
     def expected_acceptance(self) -> float:
         """a: the acceptance that steps chosen at this prediction have realised (optimistically, while the
@@ -282,9 +292,7 @@ class AutoLength(DraftLength):
             self.behind = 1
         else:
             self.behind += 1
-        made = 1 + (min(accepted) if accepted else 0)
-        self.made += made
-        self.remaining -= made
+        self.made += 1 + (min(accepted) if accepted else 0)
         for row_confidence in confidence:  # the committed tokens, in order (a batch: row after row)
             for c in row_confidence:
                 self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)

@@ -85,7 +85,7 @@ def test_switching_on_pays_for_the_drafts_catch_up_over_as_many_tokens_as_the_ca
     assert auto.next() == 0  # 5 tokens ahead save ~0.5 s
     auto.made = 20
     assert auto.next() > 0  # 20 tokens ahead save ~2 s
-    auto.remaining = 3
+    auto.max_new_tokens = auto.made + 3
     assert auto.next() == 0  # but not if the call may add only 3 more
     auto.start(prompt_length=2000, max_new_tokens=1000)  # 20 s: more than max_horizon tokens can save
     auto.made = 500
@@ -93,7 +93,7 @@ def test_switching_on_pays_for_the_drafts_catch_up_over_as_many_tokens_as_the_ca
 
 
 def test_speculation_that_does_not_realise_its_prediction_stops():
-    auto = auto_with(CPU, 0.15, 0.97, realised=ConfidenceCalibration(edges=ConfidenceCalibration.PREDICTION_EDGES))
+    auto = auto_with(CPU, 0.15, 0.97, realised=ConfidenceCalibration.of_predictions())
     auto.made = 64
     assert auto.next() == 8 and auto.expected_acceptance() == 1.0  # no record yet: optimistic
     steps = 0
@@ -107,7 +107,7 @@ def test_speculation_that_does_not_realise_its_prediction_stops():
 
 
 def test_a_short_record_is_taken_optimistically():
-    record = ConfidenceCalibration(edges=ConfidenceCalibration.PREDICTION_EDGES)
+    record = ConfidenceCalibration.of_predictions()
     for accepted in (False, False):
         record.update(0.97, accepted)  # prior: 2 at 0.965; now 1.93 of 4
     assert record.rate(0.97) == pytest.approx(0.4825)

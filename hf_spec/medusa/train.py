@@ -7,8 +7,9 @@
 3. its last hidden states are computed once and cached in ``OUTPUT/cache/``;
 4. the heads train on the cached states: loss = sum_i decay^i x cross-entropy of head i (head i predicts
    token t + i + 2), against the token, or (``soft_targets`` > 0) partly against the base model's own
-   distribution for that token, softmax(lm_head(h[t + i + 1])), from the cached states too; checkpoints in ``OUTPUT/checkpoint.pt`` every ``checkpoint_every`` steps and at the end
-   (``--resume`` continues from the step saved, on the same shuffled order);
+   distribution for that token, softmax(lm_head(h[t + i + 1])), from the cached states too; checkpoints in
+   ``OUTPUT/checkpoint.pt`` every ``checkpoint_every`` steps and at the end (``--resume`` continues from the
+   step saved, on the same shuffled order);
 5. the heads are saved in the Medusa-1 layout (the shared-lm_head layout by default: ResBlocks only), then
    evaluated on the held-out prompts (``hf_spec.medusa.evaluate``).
 """
