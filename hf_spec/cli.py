@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--soft-targets", type=float, default=0.0,
                        help="weight of the base model's own distribution as each head's target (0: the tokens only)")
+    train.add_argument("--greedy-targets", action="store_true",
+                       help="label each head with what greedy decoding would emit there (heads for greedy decoding)")
     train.add_argument("--eval-every", type=int, default=5, help="question_id %% N == 0 is held out")
     train.add_argument("--limit", type=int, help="at most this many training prompts")
     train.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt")
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 
         config = TrainConfig(num_heads=args.num_heads, num_layers=args.num_layers, shared_lm_head=not args.own_lm_heads,
                              epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                             loss_decay=args.loss_decay, weight_decay=args.weight_decay, soft_targets=args.soft_targets)
+                             loss_decay=args.loss_decay, weight_decay=args.weight_decay, soft_targets=args.soft_targets,
+                             greedy_targets=args.greedy_targets)
         train_medusa(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
                      max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
                      do_sample=args.do_sample, limit=args.limit, samples_per_prompt=args.samples_per_prompt,

@@ -9,8 +9,8 @@ from hf_spec.medusa import MedusaHeads, load_medusa_heads
 from hf_spec.medusa.data import (IGNORE, HiddenStates, TextPrompt, collect_hidden_states, load_text_prompts,
                                  self_distill, split_train_eval, targets_for)
 from hf_spec.medusa.evaluate import NO_TARGET, NOT_IN_TOP_K, accuracy_from_ranks, replayed_tokens_per_step, target_ranks
-from hf_spec.medusa.train import (TrainConfig, base_distribution, evaluate_medusa, sequence_last_rows, soft_target_losses,
-                                  train_heads, train_medusa)
+from hf_spec.medusa.train import (TrainConfig, base_distribution, evaluate_medusa, greedy_targets, sequence_last_rows,
+                                  soft_target_losses, train_heads, train_medusa)
 from hf_spec.runner import CachedModel
 from hf_spec.testing import tiny_causal_lm
 
@@ -130,8 +130,38 @@ def test_training_on_soft_targets_brings_the_heads_to_the_base_models_distributi
     assert (divergence() < 0.5 * before).all()
     with pytest.raises(ValueError, match="soft_targets is a weight"):
         TrainConfig(soft_targets=1.5)
-    with pytest.raises(ValueError, match="needs the base model's lm_head"):
+    with pytest.raises(ValueError, match="need the base model's lm_head"):
         train_heads(MedusaHeads.for_model(small_model, num_heads=2), successor_data, config, progress=False)
+
+
+def test_greedy_targets_label_what_greedy_decoding_would_emit(small_model):
+    greedy = [3, 1, 4]
+    for _ in range(12):  # the model's greedy continuation, eos or not
+        greedy.append(int(small_model(torch.tensor([greedy])).logits[0, -1].argmax()))
+    perturbed = list(greedy)
+    logits = small_model(torch.tensor([greedy])).logits[0]
+    perturbed[8] = int(logits[7].argsort()[-2])  # a runner-up: not what greedy decoding emits there
+    sequences = [(greedy, 3), (perturbed, 3), ([5, 2] + [int(t) for t in torch.randint(VOCAB, (10,))], 2)]
+    data = collect_hidden_states(small_model, sequences, num_heads=3, progress=False)
+    labels = greedy_targets(data, small_model.get_output_embeddings())
+    expected = []  # by brute force from the model's logits over each whole sequence
+    for tokens, prompt_length in sequences:
+        argmax = small_model(torch.tensor([tokens])).logits[0].argmax(-1).tolist()  # [j] predicts token j + 1
+        for t in range(prompt_length - 2, len(tokens) - 2):
+            row = []
+            for i in range(3):
+                between = range(max(t + 1, prompt_length), t + i + 2)  # decoded tokens before the label
+                on_path = t + i + 1 <= len(tokens) - 3 and all(tokens[j] == argmax[j - 1] for j in between)
+                row.append(argmax[t + i + 1] if on_path else IGNORE)
+            expected.append(row)
+    assert labels.tolist() == expected
+    first = len(greedy) - 3  # rows of the greedy continuation: its own tokens, where its cache reaches
+    assert ((labels[:first] == data.targets[:first]) | (labels[:first] == IGNORE)).all()
+    assert (labels[:first, 0] != IGNORE).sum() == first - 1
+    assert (labels[first : 2 * first] == IGNORE).any() and (labels[first : 2 * first] != IGNORE).any()
+    config = TrainConfig(num_heads=3, epochs=1, batch_size=8, greedy_targets=True)
+    with pytest.raises(ValueError, match="need the base model's lm_head"):
+        train_heads(MedusaHeads.for_model(small_model, num_heads=3), data, config, progress=False)
 
 
 def test_both_layouts_round_trip(small_model, tmp_path):
@@ -252,6 +282,19 @@ def test_extra_sampled_continuations_add_training_data_only(tokenizer, tmp_path)
     for bad in ({"samples_per_prompt": 0}, {"samples_per_prompt": 2, "temperature": 0.0}):
         with pytest.raises(ValueError, match="samples_per_prompt|temperature"):
             train_medusa(model, tmp_path / "bad", tokenizer, data, config, progress=False, **bad)
+
+
+def test_own_lm_heads_start_from_the_base_lm_head(tokenizer, tmp_path):
+    model = tiny_causal_lm("qwen2", seed=0)
+    rows = [{"question_id": i, "category": "c", "turns": [f"prompt number {i}:"]} for i in range(1, 7)]
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = TrainConfig(num_heads=2, epochs=1, batch_size=16, shared_lm_head=False, learning_rate=0.0)
+    heads, _ = train_medusa(model, tmp_path / "heads", tokenizer, data, config, max_new_tokens=6, progress=False,
+                            print_fn=lambda *_: None)
+    assert not heads.shared_lm_head  # the upstream layout, each head's lm_head as upstream's training starts it
+    for head in heads.heads:
+        assert torch.equal(head[-1].weight, model.get_output_embeddings().weight)
 
 
 def test_verify_costs_are_measured_as_tree_prefixes(small_model):
