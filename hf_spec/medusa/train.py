@@ -91,9 +91,10 @@ def greedy_targets(data: HiddenStates, base_lm_head: nn.Module, chunk: int = 409
     row follows a prompt token, which is given, not decoded. On greedy continuations these are the tokens
     themselves."""
     weight = base_lm_head.weight
+    chunks = tqdm(range(0, len(data), chunk), desc="greedy targets", disable=not progress)
     with torch.no_grad():
-        greedy = torch.cat([base_lm_head(data.hidden[start : start + chunk].to(weight.device, weight.dtype)).argmax(-1).cpu()
-                            for start in tqdm(range(0, len(data), chunk), desc="greedy targets", disable=not progress)])
+        greedy = torch.cat([base_lm_head(data.hidden[start : start + chunk].to(weight.device, weight.dtype))
+                            .argmax(-1).cpu() for start in chunks])
     rows = torch.arange(len(data))
     follows_greedy = torch.ones(len(data), dtype=torch.bool)  # the token after row r's position is greedy[r]
     follows_greedy[1:] = data.targets[:-1, 0] == greedy[1:]  # row r - 1's head-0 token is row r's next one
