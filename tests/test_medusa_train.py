@@ -35,6 +35,14 @@ def successor_data(small_model):
     return collect_hidden_states(small_model, sequences, num_heads=2, progress=False)
 
 
+def questions_file(tmp_path, count: int):
+    """A Spec-Bench style jsonl of ``count`` one-turn questions, ids 1..count."""
+    rows = [{"question_id": i, "category": "c", "turns": [f"prompt number {i}:"]} for i in range(1, count + 1)]
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def test_targets_are_continuation_tokens_two_and_more_places_ahead():
     positions, targets = targets_for([10, 11, 12, 13, 14], prompt_length=2, num_heads=2)
     assert positions == [0, 1, 2]  # from the prompt's second-to-last token (the prefill's last) on
@@ -42,9 +50,7 @@ def test_targets_are_continuation_tokens_two_and_more_places_ahead():
 
 
 def test_split_by_question_id_is_disjoint_and_stable(tmp_path):
-    rows = [{"question_id": i, "category": "c", "turns": [f"q{i}"]} for i in range(1, 21)]
-    path = tmp_path / "q.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = questions_file(tmp_path, 20)
     train, held_out = split_train_eval(load_text_prompts(path), eval_every=5)
     assert [p.question_id for p in held_out] == ["5", "10", "15", "20"]
     assert not {p.question_id for p in train} & {p.question_id for p in held_out} and len(train) == 16
@@ -236,9 +242,7 @@ def test_self_distillation_continues_each_prompt_like_generate(tokenizer, target
 
 def test_the_recipe_end_to_end(tokenizer, tmp_path):
     model = tiny_causal_lm("qwen2", seed=0)
-    rows = [{"question_id": i, "category": "c", "turns": [f"prompt number {i}:"]} for i in range(1, 13)]
-    data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = questions_file(tmp_path, 12)
     out = tmp_path / "heads"
     config = TrainConfig(num_heads=2, epochs=1, batch_size=16)
     heads, evaluation = train_medusa(model, out, tokenizer, data, config, max_new_tokens=12, progress=False,
@@ -267,9 +271,7 @@ def test_the_recipe_end_to_end(tokenizer, tmp_path):
 
 def test_extra_sampled_continuations_add_training_data_only(tokenizer, tmp_path):
     model = tiny_causal_lm("qwen2", seed=0)
-    rows = [{"question_id": i, "category": "c", "turns": [f"prompt number {i}:"]} for i in range(1, 11)]
-    data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = questions_file(tmp_path, 10)
     config, out = TrainConfig(num_heads=2, epochs=1, batch_size=16), tmp_path / "heads"
     sizes, written = {}, {}
     for samples in (1, 3):
@@ -286,9 +288,7 @@ def test_extra_sampled_continuations_add_training_data_only(tokenizer, tmp_path)
 
 def test_own_lm_heads_start_from_the_base_lm_head(tokenizer, tmp_path):
     model = tiny_causal_lm("qwen2", seed=0)
-    rows = [{"question_id": i, "category": "c", "turns": [f"prompt number {i}:"]} for i in range(1, 7)]
-    data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = questions_file(tmp_path, 6)
     config = TrainConfig(num_heads=2, epochs=1, batch_size=16, shared_lm_head=False, learning_rate=0.0)
     heads, _ = train_medusa(model, tmp_path / "heads", tokenizer, data, config, max_new_tokens=6, progress=False,
                             print_fn=lambda *_: None)

@@ -97,7 +97,9 @@ class MedusaHeads(nn.Module):
             raise RuntimeError("Attach the base model first (heads.attach(model)): its lm_head is what gets copied.")
         lm_head = self._base_lm_head[0]
         if getattr(lm_head, "bias", None) is not None:
-            raise ValueError("The base lm_head has a bias; the upstream Medusa layout has none, so it cannot hold it.")
+            raise ValueError("The base lm_head has a bias; the upstream Medusa layout has none, so it cannot hold it: "
+                             "keep these heads in the shared layout (shared_lm_head=True; train-medusa without "
+                             "--own-lm-heads).")
         full = MedusaHeads(self.hidden_size, self.vocab_size, self.num_heads, self.num_layers,
                            self.base_model_name_or_path)
         full.to(device=lm_head.weight.device, dtype=self.dtype)
