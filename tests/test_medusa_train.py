@@ -7,7 +7,7 @@ import torch
 import hf_spec
 from hf_spec.medusa import MedusaHeads, load_medusa_heads
 from hf_spec.medusa.data import (IGNORE, HiddenStates, TextPrompt, collect_hidden_states, load_text_prompts,
-                                 self_distill, split_train_eval, targets_for)
+                                 self_distill, split_train_eval, targets_for, training_positions)
 from hf_spec.medusa.evaluate import NO_TARGET, NOT_IN_TOP_K, accuracy_from_ranks, replayed_tokens_per_step, target_ranks
 from hf_spec.medusa.train import (TrainConfig, base_distribution, evaluate_medusa, greedy_targets, sequence_last_rows,
                                   soft_target_losses, train_heads, train_medusa)
@@ -44,8 +44,8 @@ def questions_file(tmp_path, count: int):
 
 
 def test_targets_are_continuation_tokens_two_and_more_places_ahead():
-    positions, targets = targets_for([10, 11, 12, 13, 14], prompt_length=2, num_heads=2)
-    assert positions == [0, 1, 2]  # from the prompt's second-to-last token (the prefill's last) on
+    assert training_positions(5, prompt_length=2) == range(0, 3)  # from the prompt's second-to-last token on
+    targets = targets_for([10, 11, 12, 13, 14], prompt_length=2, num_heads=2)
     assert targets.tolist() == [[12, 13], [13, 14], [14, IGNORE]]  # one row per continuation token
 
 
@@ -57,14 +57,17 @@ def test_split_by_question_id_is_disjoint_and_stable(tmp_path):
     assert split_train_eval(load_text_prompts(path)[:7], eval_every=5)[1] == held_out[:1]  # the rest does not matter
 
 
-def test_head_zero_learns_a_fixed_successor_function(small_model, successor_data):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_head_zero_learns_a_fixed_successor_function(small_model, successor_data, bf16):
+    torch.manual_seed(0)
     heads = MedusaHeads.for_model(small_model, num_heads=2)
-    log = train_heads(heads, successor_data, TrainConfig(num_heads=2, epochs=30, batch_size=64,
-                                                         learning_rate=3e-3, warmup_steps=5), progress=False)
+    log = train_heads(heads, successor_data, TrainConfig(num_heads=2, epochs=30, batch_size=64, learning_rate=3e-3,
+                                                         warmup_steps=5, bf16=bf16), progress=False)
     first, last = log[0]["loss"], sum(e["loss"] for e in log[-5:]) / 5
     assert last < 0.5 * first  # the loss falls
     accuracy = accuracy_from_ranks(target_ranks(heads, successor_data))
     assert accuracy.top_k_accuracy(0, 1) > 0.9  # chance is 1 / 24
+    assert all(p.dtype == torch.float32 for p in heads.parameters())  # bf16: the matmuls, not the weights
 
 
 def test_shared_lm_head_loss_falls(small_model, successor_data):
@@ -233,11 +236,26 @@ def test_accuracy_from_ranks():
 
 def test_self_distillation_continues_each_prompt_like_generate(tokenizer, target):
     prompts = [TextPrompt("1", "def f(x):"), TextPrompt("2", "a longer prompt here")]
-    sequences = self_distill(target, tokenizer, prompts, max_new_tokens=6, batch_size=2, progress=False)
-    for (tokens, prompt_length), prompt in zip(sequences, prompts):
+    continuations = self_distill(target, tokenizer, prompts, max_new_tokens=6, batch_size=2, progress=False)
+    for continuation, prompt in zip(continuations, prompts):
         ids = tokenizer(prompt.text, return_tensors="pt")["input_ids"]
         alone = target.generate(ids, max_new_tokens=6, do_sample=False)[0].tolist()
-        assert prompt_length == ids.shape[1] and tokens == alone[: len(tokens)]
+        assert continuation.prompt_length == ids.shape[1] and continuation.tokens == alone[: len(continuation.tokens)]
+
+
+def test_self_distillation_keeps_the_hidden_states_a_second_pass_would_compute(tokenizer, target):
+    # left-padded prompts of different lengths, some sampled: the states generation computed on the way are
+    # those of one forward over each whole sequence, position for position
+    prompts = [TextPrompt("1", "def f(x):"), TextPrompt("2", "a longer prompt here, with more words in it")]
+    torch.manual_seed(0)
+    continuations = self_distill(target, tokenizer, prompts, max_new_tokens=9, batch_size=2, do_sample=True,
+                                 temperature=1.0, progress=False)
+    again = collect_hidden_states(target, [(c.tokens, c.prompt_length) for c in continuations], num_heads=3,
+                                  progress=False)
+    kept = HiddenStates.of(continuations, num_heads=3)
+    assert torch.equal(kept.targets, again.targets) and torch.equal(kept.ends, again.ends)
+    assert kept.hidden.shape == again.hidden.shape and kept.hidden.shape[0] > 2 * 8
+    assert torch.allclose(kept.hidden, again.hidden, atol=1e-4)
 
 
 def test_the_recipe_end_to_end(tokenizer, tmp_path):

@@ -4,7 +4,7 @@
 
 1. prompts (Spec-Bench questions by default) split by question id into training and evaluation sets;
 2. self-distillation: the base model continues every prompt (``hf_spec.medusa.data``);
-3. its last hidden states are computed once and cached in ``OUTPUT/cache/``;
+3. its last hidden states, as generation computed them, are cached in ``OUTPUT/cache/``;
 4. the heads train on the cached states: loss = sum_i decay^i x cross-entropy of head i (head i predicts
    token t + i + 2), against the token, or (``soft_targets`` > 0) partly against the base model's own
    distribution for that token, softmax(lm_head(h[t + i + 1])), from the cached states too; checkpoints in
@@ -25,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..bench.prompts import default_questions_path
-from .data import (IGNORE, HiddenStates, collect_hidden_states, load_text_prompts, self_distill, split_train_eval,
+from .data import (IGNORE, HiddenStates, load_text_prompts, self_distill, split_train_eval,
                    write_prompts)
 from .evaluate import evaluate_heads
 from .heads import MedusaHeads
@@ -46,6 +46,7 @@ class TrainConfig:
     loss_decay: float = 0.8  # head i's loss weight is loss_decay ** i (upstream Medusa-1 uses 0.8)
     soft_targets: float = 0.0  # weight of the base model's distribution against the token's (0: tokens only)
     greedy_targets: bool = False  # label each head with what greedy decoding would emit (``greedy_targets``)
+    bf16: bool = False  # matmuls in bfloat16 (torch.autocast), weights and losses in float32
     warmup_steps: int = 20
     checkpoint_every: int = 200
     seed: int = 0
@@ -184,12 +185,13 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
         batch = order[index * config.batch_size : (index + 1) * config.batch_size]
         hidden = data.hidden[batch].to(device, heads.dtype)
         targets = data.targets[batch].to(device)
-        logits = heads(hidden)  # [num_heads, batch, vocab]
-        losses = head_losses(logits, targets)
-        if config.soft_targets:
-            soft = soft_target_losses(logits, batch, data, last_rows, base_lm_head)
-            losses = (1 - config.soft_targets) * losses + config.soft_targets * soft
-        loss = (weights * losses).sum()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
+            logits = heads(hidden)  # [num_heads, batch, vocab]
+            losses = head_losses(logits, targets)
+            if config.soft_targets:
+                soft = soft_target_losses(logits, batch, data, last_rows, base_lm_head)
+                losses = (1 - config.soft_targets) * losses + config.soft_targets * soft
+            loss = (weights * losses).sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -327,12 +329,12 @@ class _Recipe:
             return HiddenStates.load(path)
         torch.manual_seed(seed)
         prompts = self.prompts[split]
-        sequences = self_distill(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size,
-                                 do_sample, progress=self.progress)
+        continuations = self_distill(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size,
+                                     do_sample, progress=self.progress)
         for _ in range(samples - 1):
-            sequences += self_distill(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size,
-                                      True, progress=self.progress, temperature=temperature)
-        data = collect_hidden_states(self.model, sequences, self.num_heads, progress=self.progress)
+            continuations += self_distill(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size,
+                                          True, progress=self.progress, temperature=temperature)
+        data = HiddenStates.of(continuations, self.num_heads)
         path.parent.mkdir(parents=True, exist_ok=True)
         data.save(path)
         meta.write_text(json.dumps(settings))
