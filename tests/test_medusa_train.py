@@ -9,8 +9,8 @@ from hf_spec.medusa import MedusaHeads, load_medusa_heads
 from hf_spec.medusa.data import (IGNORE, HiddenStates, TextPrompt, collect_hidden_states, load_text_prompts,
                                  self_distill, split_train_eval, targets_for, training_positions)
 from hf_spec.medusa.evaluate import NO_TARGET, NOT_IN_TOP_K, accuracy_from_ranks, replayed_tokens_per_step, target_ranks
-from hf_spec.medusa.train import (TrainConfig, base_distribution, evaluate_medusa, greedy_targets, sequence_last_rows,
-                                  soft_target_losses, train_heads, train_medusa)
+from hf_spec.medusa.train import (TrainConfig, base_distribution, evaluate_medusa, greedy_targets, head_losses,
+                                  sequence_last_rows, soft_target_losses, train_heads, train_medusa)
 from hf_spec.runner import CachedModel
 from hf_spec.testing import tiny_causal_lm
 
@@ -49,6 +49,14 @@ def test_targets_are_continuation_tokens_two_and_more_places_ahead():
     assert targets.tolist() == [[12, 13], [13, 14], [14, IGNORE]]  # one row per continuation token
 
 
+def test_head_losses_are_each_heads_cross_entropy_over_its_targets():
+    logits = torch.randn(3, 5, VOCAB)
+    targets = torch.tensor([[1, 2, IGNORE], [3, IGNORE, IGNORE], [4, 5, IGNORE], [6, 7, IGNORE], [IGNORE, 8, IGNORE]])
+    expected = [torch.nn.functional.cross_entropy(logits[i], targets[:, i], ignore_index=IGNORE) for i in range(2)]
+    losses = head_losses(torch.log_softmax(logits, -1), targets)
+    assert torch.allclose(losses, torch.stack(expected + [torch.tensor(0.0)]))  # no targets: no loss
+
+
 def test_split_by_question_id_is_disjoint_and_stable(tmp_path):
     path = questions_file(tmp_path, 20)
     train, held_out = split_train_eval(load_text_prompts(path), eval_every=5)
@@ -70,13 +78,15 @@ def test_head_zero_learns_a_fixed_successor_function(small_model, successor_data
     assert all(p.dtype == torch.float32 for p in heads.parameters())  # bf16: the matmuls, not the weights
 
 
-def test_shared_lm_head_loss_falls(small_model, successor_data):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_shared_lm_head_loss_falls(small_model, successor_data, bf16):
     heads = MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True)
     assert all(not name.endswith(f"{heads.num_layers}.weight") for name in heads.upstream_state_dict())
-    log = train_heads(heads, successor_data, TrainConfig(num_heads=2, epochs=10, batch_size=64,
-                                                         learning_rate=3e-3, warmup_steps=5), progress=False)
+    log = train_heads(heads, successor_data, TrainConfig(num_heads=2, epochs=10, batch_size=64, learning_rate=3e-3,
+                                                         warmup_steps=5, soft_targets=0.5, bf16=bf16), progress=False)
     assert sum(e["loss"] for e in log[-5:]) / 5 < 0.8 * log[0]["loss"]
     assert small_model.get_output_embeddings().weight.grad is None  # the base model stays frozen
+    assert heads._base_lm_head == [small_model.get_output_embeddings()]  # a bf16 run's bfloat16 copy is gone
 
 
 def test_resume_continues_from_the_saved_step(small_model, successor_data, tmp_path):
@@ -115,8 +125,10 @@ def test_soft_targets_are_the_base_models_distribution_for_each_heads_token(smal
         logits[i, kept] = teacher.log()
     entropy = torch.stack([-(t * t.log()).sum(-1).mean()
                            for t in (base_distribution(i, rows, data, last_rows, lm_head)[1] for i in range(2))])
-    assert torch.allclose(soft_target_losses(logits, rows, data, last_rows, lm_head), entropy, atol=1e-5)
-    worse = soft_target_losses(3 * torch.randn(2, len(data), VOCAB), rows, data, last_rows, lm_head)
+    log_probs = torch.log_softmax(logits, -1)
+    assert torch.allclose(soft_target_losses(log_probs, rows, data, last_rows, lm_head), entropy, atol=1e-5)
+    worse = soft_target_losses(torch.log_softmax(3 * torch.randn(2, len(data), VOCAB), -1), rows, data, last_rows,
+                               lm_head)
     assert (worse > entropy + 0.1).all()
 
 
@@ -131,7 +143,8 @@ def test_training_on_soft_targets_brings_the_heads_to_the_base_models_distributi
             logits = heads(successor_data.hidden)
         entropy = torch.stack([-(t * t.log()).sum(-1).mean() for t in
                                (base_distribution(i, rows, successor_data, last_rows, lm_head)[1] for i in range(2))])
-        return soft_target_losses(logits, rows, successor_data, last_rows, lm_head) - entropy
+        log_probs = torch.log_softmax(logits, -1)
+        return soft_target_losses(log_probs, rows, successor_data, last_rows, lm_head) - entropy
 
     before = divergence()
     config = TrainConfig(num_heads=2, epochs=10, batch_size=64, learning_rate=3e-3, warmup_steps=5, soft_targets=1.0)

@@ -15,8 +15,10 @@
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,11 +58,13 @@ class TrainConfig:
             raise ValueError(f"soft_targets is a weight in [0, 1]; got {self.soft_targets}.")
 
 
-def head_losses(logits: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
-    """logits [num_heads, n, vocab], targets [n, num_heads] -> per-head mean cross-entropy [num_heads]."""
-    return torch.stack([nn.functional.cross_entropy(logits[i].float(), targets[:, i], ignore_index=IGNORE)
-                        if (targets[:, i] != IGNORE).any() else logits.new_zeros(())
-                        for i in range(logits.shape[0])])
+def head_losses(log_probs: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
+    """log_probs [num_heads, n, vocab] (the heads' log-softmax), targets [n, num_heads] -> per-head mean
+    cross-entropy over the positions with a target [num_heads] (0 for a head with none). One gather over all
+    heads: its backward writes one gradient, where a loss per head slice would zero the whole tensor for each."""
+    valid = (targets != IGNORE).T
+    picked = log_probs.gather(-1, targets.T.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # [num_heads, n]
+    return -(picked * valid).sum(-1) / valid.sum(-1).clamp(min=1)
 
 
 def sequence_last_rows(data: HiddenStates) -> torch.LongTensor:
@@ -110,28 +114,26 @@ def greedy_targets(data: HiddenStates, base_lm_head: nn.Module, chunk: int = 409
     return targets
 
 
-def soft_target_losses(logits: torch.Tensor, rows: torch.LongTensor, data: HiddenStates, last_rows: torch.LongTensor,
-                       base_lm_head: nn.Module) -> torch.Tensor:
-    """Per-head cross-entropy [num_heads] of the heads' ``logits`` at ``rows`` against ``base_distribution``
-    (each head's last row of a sequence has none: the cache ends at the third-to-last position; it learns
-    from its token only)."""
-    losses = []
-    for i in range(logits.shape[0]):
-        kept, teacher = base_distribution(i, rows, data, last_rows, base_lm_head)
-        if not kept.any():
-            losses.append(logits.new_zeros(()))
-            continue
-        student = torch.log_softmax(logits[i][kept.to(logits.device)].float(), dim=-1)
-        losses.append(-(teacher.to(student.device) * student).sum(-1).mean())
-    return torch.stack(losses)
+def soft_target_losses(log_probs: torch.Tensor, rows: torch.LongTensor, data: HiddenStates,
+                       last_rows: torch.LongTensor, base_lm_head: nn.Module) -> torch.Tensor:
+    """Per-head cross-entropy [num_heads] of the heads' ``log_probs`` (log-softmax) at ``rows`` against
+    ``base_distribution``, over the rows that have one (each head's last row of a sequence has none: the cache
+    ends at the third-to-last position; it learns from its token only; 0 for a head with none)."""
+    teacher = torch.zeros_like(log_probs)  # [num_heads, n, vocab]: rows without a distribution weigh nothing
+    counts = []
+    for i in range(log_probs.shape[0]):
+        kept, probs = base_distribution(i, rows, data, last_rows, base_lm_head)
+        teacher[i, kept.to(teacher.device)] = probs.to(teacher.device)
+        counts.append(int(kept.sum()))
+    return -(teacher * log_probs).sum((-1, -2)) / log_probs.new_tensor(counts).clamp(min=1)
 
 
-def head_top1(logits: torch.Tensor, targets: torch.LongTensor) -> list[float]:
-    """Per-head top-1 accuracy over the positions that have a target."""
+def head_top1(scores: torch.Tensor, targets: torch.LongTensor) -> list[float]:
+    """Per-head top-1 accuracy over the positions that have a target (scores: logits or log-probabilities)."""
     accuracy = []
-    for i in range(logits.shape[0]):
+    for i in range(scores.shape[0]):
         valid = targets[:, i] != IGNORE
-        right = (logits[i].argmax(-1) == targets[:, i]) & valid
+        right = (scores[i].argmax(-1) == targets[:, i]) & valid
         accuracy.append(float(right.sum() / valid.sum()) if valid.any() else 0.0)
     return accuracy
 
@@ -176,36 +178,57 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
         step, log = state["step"], list(state["log"])
     last = min(total_steps, max_steps) if max_steps is not None else total_steps
     bar = tqdm(total=last, initial=step, desc="training heads", unit="step", disable=not progress)
-    heads.train()
-    order, order_epoch = None, None
-    while step < last:
-        epoch, index = divmod(step, steps_per_epoch)
-        if epoch != order_epoch:  # each epoch's order depends on the seed and the epoch only: resume finds it
-            order, order_epoch = torch.randperm(len(data), generator=torch.Generator().manual_seed(config.seed + epoch)), epoch
-        batch = order[index * config.batch_size : (index + 1) * config.batch_size]
-        hidden = data.hidden[batch].to(device, heads.dtype)
-        targets = data.targets[batch].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
-            logits = heads(hidden)  # [num_heads, batch, vocab]
-            losses = head_losses(logits, targets)
+    with _bfloat16_lm_heads(heads, base_lm_head) if config.bf16 else nullcontext(base_lm_head) as base_lm_head:
+        heads.train()
+        order, order_epoch = None, None
+        while step < last:
+            epoch, index = divmod(step, steps_per_epoch)
+            if epoch != order_epoch:  # each epoch's order depends on the seed and the epoch only: resume finds it
+                order, order_epoch = torch.randperm(len(data), generator=torch.Generator().manual_seed(config.seed + epoch)), epoch
+            batch = order[index * config.batch_size : (index + 1) * config.batch_size]
+            hidden = data.hidden[batch].to(device, heads.dtype)
+            targets = data.targets[batch].to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
+                logits = heads(hidden)  # [num_heads, batch, vocab]
+            log_probs = torch.log_softmax(logits.float(), dim=-1)  # once for both losses and the top-1
+            losses = head_losses(log_probs, targets)
             if config.soft_targets:
-                soft = soft_target_losses(logits, batch, data, last_rows, base_lm_head)
+                soft = soft_target_losses(log_probs, batch, data, last_rows, base_lm_head)
                 losses = (1 - config.soft_targets) * losses + config.soft_targets * soft
             loss = (weights * losses).sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        step += 1
-        entry = {"step": step, "loss": float(loss.detach()), "top1": head_top1(logits.detach(), targets)}
-        log.append(entry)
-        bar.update(1)
-        bar.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{a:.2f}" for a in entry["top1"]))
-        if checkpoint is not None and (step % config.checkpoint_every == 0 or step == last):
-            _save_checkpoint(checkpoint, heads, optimizer, schedule, step, log, config)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            step += 1
+            entry = {"step": step, "loss": float(loss.detach()), "top1": head_top1(log_probs.detach(), targets)}
+            log.append(entry)
+            bar.update(1)
+            bar.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{a:.2f}" for a in entry["top1"]))
+            if checkpoint is not None and (step % config.checkpoint_every == 0 or step == last):
+                _save_checkpoint(checkpoint, heads, optimizer, schedule, step, log, config)
     bar.close()
     heads.eval()
     return log
+
+
+@contextmanager
+def _bfloat16_lm_heads(heads: MedusaHeads, base_lm_head: nn.Module | None):
+    """For a bf16 run: the frozen lm_heads (the one shared-layout heads use, the soft targets' teacher) cast to
+    bfloat16 once, not by autocast at every use (it caches casts of trained weights only: 113 MB a cast on
+    SmolLM2, eight a step); yields the teacher's cast and restores the heads' lm_head after."""
+    shared, casts = list(heads._base_lm_head), {}
+
+    def cast(module: nn.Module) -> nn.Module:
+        if id(module) not in casts:
+            casts[id(module)] = copy.deepcopy(module).to(torch.bfloat16)
+        return casts[id(module)]
+
+    heads._base_lm_head[:] = [cast(module) for module in shared]
+    try:
+        yield cast(base_lm_head) if base_lm_head is not None else None
+    finally:
+        heads._base_lm_head[:] = shared
 
 
 def _spread(items: list, count: int) -> list:
