@@ -195,6 +195,8 @@ def collect_hidden_states(model, sequences: list[tuple[list[int], int]], num_hea
     one_logit = {"logits_to_keep": 1} if takes_logits_to_keep(type(model)) else {}  # hidden states are kept, not logits
     for tokens, prompt_length in tqdm(sequences, desc="hidden states", unit="seq", disable=not progress):
         positions = list(training_positions(len(tokens), prompt_length))
+        if not positions:  # nothing to train on: no forward
+            continue
         with torch.no_grad():
             out = model(torch.tensor([tokens], device=model.device), output_hidden_states=True, use_cache=False,
                         **one_logit)
