@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_spec
-from hf_spec.bench.prompts import encode, load_prompts
+from hf_spec.prompts import encode, load_prompts
 from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.proposer import MedusaProposer
 from hf_spec.testing import oracle_head_logits

@@ -6,7 +6,7 @@ without the seam: ``model.generate(..., custom_generate=hf_spec.draft.generate, 
 """
 from .plan import plan
 from .registration import is_registered, register, strategy_names, unregister
-from .stats import SpecStats, last_stats
+from .engine.stats import SpecStats, last_stats
 
 __version__ = "0.1.0"
 __all__ = ["SpecStats", "is_registered", "last_stats", "plan", "register", "strategy_names", "unregister"]

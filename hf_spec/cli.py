@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "train-medusa":
-        from .medusa.train import TrainConfig, train_medusa
+        from .training.medusa import TrainConfig, train_medusa
 
         config = TrainConfig(num_heads=args.num_heads, num_layers=args.num_layers, shared_lm_head=not args.own_lm_heads,
                              epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                      temperature=args.temperature, resume=args.resume)
         return 0
     if args.command == "evaluate-medusa":
-        from .medusa.train import evaluate_medusa
+        from .training.medusa import evaluate_medusa
 
         evaluate_medusa(args.heads, args.model, args.output, prompts_path=args.data, eval_every=args.eval_every,
                         max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import hf_spec
+from .engine.stats import last_stats
 
-from .bench.prompts import encode
 from .medusa import MedusaHeads, load_medusa_heads
+from .prompts import encode
 from .testing import char_tokenizer, perturbed_draft, tiny_causal_lm
 
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
@@ -67,7 +67,7 @@ def run_demo(target=None, draft=None, prompt=DEFAULT_PROMPT, max_new_tokens=64, 
         seconds = time.perf_counter() - start
         new_tokens = out.shape[1] - prompt_len
         reference = out if reference is None else reference
-        stats = hf_spec.last_stats() if kwargs else None
+        stats = last_stats() if kwargs else None
         results[name] = {"equal_to_plain": torch.equal(out, reference), "tokens_per_s": new_tokens / seconds,
                          "stats": stats.to_dict() if stats else None}
         print_fn(f"== {name}: {new_tokens / seconds:.2f} tok/s, equal to plain greedy: "

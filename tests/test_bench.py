@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from hf_spec.bench import run_bench
-from hf_spec.bench.prompts import load_prompts
+from hf_spec.prompts import load_prompts
 from hf_spec.bench.report import summarize
 from hf_spec.bench.run import Contenders, Run, mode_names
-from hf_spec.costmodel import (Costs, chain_step_seconds, expected_tokens_per_step, predicted_speedup,
+from hf_spec.engine.costs import (Costs, chain_step_seconds, expected_tokens_per_step, predicted_speedup,
                                predicted_tree_speedup)
 from hf_spec.medusa import MedusaHeads
 from hf_spec.testing import char_tokenizer, perturbed_draft, tiny_causal_lm
@@ -152,7 +152,7 @@ def test_synthetic_bench_rows(capsys):
 
 def test_every_mode_warms_up_untimed_before_the_timed_runs(monkeypatch):
     from hf_spec.bench import run as bench_run
-    from hf_spec.bench.prompts import Prompt
+    from hf_spec.prompts import Prompt
 
     calls = []
 

@@ -6,9 +6,10 @@ import hf_spec
 from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.accuracy import HeadAccuracy
 from hf_spec.medusa.proposer import MedusaProposer
-from hf_spec.schedule import AutoTree, CostEstimates
+from hf_spec.engine.auto import AutoTree
+from hf_spec.engine.costs import CostEstimates
 from hf_spec.testing import oracle_head_logits
-from hf_spec.trees import MC_SIM_7B_63, prefix_closed_order
+from hf_spec.engine.trees import MC_SIM_7B_63, prefix_closed_order
 
 NEW_TOKENS = 40
 CPU_SMALL = {1: 0.010, 5: 0.0155, 9: 0.020, 17: 0.027, 33: 0.040, 64: 0.070}  # GUIDE 6's shape: V(4)=1.55x, V(8)=2x
@@ -88,7 +89,7 @@ def plain(target, prompt, **kwargs):
 def test_auto_tree_keeps_greedy_output_and_learns_right_heads(target, prompt, heads, monkeypatch):
     expected = plain(target, prompt)
     monkeypatch.setattr(MedusaProposer, "head_logits", oracle_head_logits(expected[0], [0, 0, 0, 0]))
-    from hf_spec.schedule import _MEMORY
+    from hf_spec.engine.memory import _MEMORY
 
     _MEMORY.clear()
     out = plain(target, prompt, strategy="medusa", medusa_heads=heads, tree="auto")

@@ -7,7 +7,7 @@ import torch
 import hf_spec
 from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.proposer import MedusaProposer
-from hf_spec.schedule import AutoTree
+from hf_spec.engine.auto import AutoTree
 from hf_spec.testing import oracle_head_logits
 
 NEW_TOKENS = 24

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import hf_spec.medusa.loading as loading
+import hf_spec.weights as weights
 from hf_spec.medusa import MedusaHeads, load_medusa_heads
 from hf_spec.testing import tiny_causal_lm
 
@@ -119,7 +119,7 @@ def test_hub_id_goes_through_huggingface_hub(tmp_path, monkeypatch, base, layout
             raise EntryNotFoundError(f"{filename} not found")
         return str(repo / filename)
 
-    monkeypatch.setattr(loading, "hf_hub_download", download)
+    monkeypatch.setattr(weights, "hf_hub_download", download)
     heads = load_medusa_heads("someone/medusa-tiny", base_model=base, revision="v1", token="secret")
     assert_heads_equal_state(heads, state)
     assert all(call[0] == "someone/medusa-tiny" and call[2:] == ("v1", "secret") for call in calls)

@@ -6,12 +6,13 @@ import torch
 
 import hf_spec
 from hf_spec.medusa import MedusaHeads, load_medusa_heads
-from hf_spec.medusa.data import (IGNORE, HiddenStates, TextPrompt, collect_hidden_states, load_text_prompts,
+from hf_spec.prompts import Prompt, load_prompts
+from hf_spec.training.data import (IGNORE, HiddenStates, collect_hidden_states,
                                  self_distill, split_train_eval, targets_for, training_positions)
-from hf_spec.medusa.evaluate import NO_TARGET, NOT_IN_TOP_K, accuracy_from_ranks, replayed_tokens_per_step, target_ranks
-from hf_spec.medusa.train import (TrainConfig, base_distribution, evaluate_medusa, greedy_targets, head_losses,
+from hf_spec.training.medusa_evaluation import NO_TARGET, NOT_IN_TOP_K, accuracy_from_ranks, replayed_tokens_per_step, target_ranks
+from hf_spec.training.medusa import (TrainConfig, base_distribution, evaluate_medusa, greedy_targets, head_losses,
                                   sequence_last_rows, soft_target_losses, train_heads, train_medusa)
-from hf_spec.runner import CachedModel
+from hf_spec.engine.runner import CachedModel
 from hf_spec.testing import tiny_causal_lm
 
 VOCAB = 24
@@ -59,10 +60,10 @@ def test_head_losses_are_each_heads_cross_entropy_over_its_targets():
 
 def test_split_by_question_id_is_disjoint_and_stable(tmp_path):
     path = questions_file(tmp_path, 20)
-    train, held_out = split_train_eval(load_text_prompts(path), eval_every=5)
+    train, held_out = split_train_eval(load_prompts(path), eval_every=5)
     assert [p.question_id for p in held_out] == ["5", "10", "15", "20"]
     assert not {p.question_id for p in train} & {p.question_id for p in held_out} and len(train) == 16
-    assert split_train_eval(load_text_prompts(path)[:7], eval_every=5)[1] == held_out[:1]  # the rest does not matter
+    assert split_train_eval(load_prompts(path)[:7], eval_every=5)[1] == held_out[:1]  # the rest does not matter
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -248,7 +249,7 @@ def test_accuracy_from_ranks():
 
 
 def test_self_distillation_continues_each_prompt_like_generate(tokenizer, target):
-    prompts = [TextPrompt("1", "def f(x):"), TextPrompt("2", "a longer prompt here")]
+    prompts = [Prompt("1", "text", "def f(x):"), Prompt("2", "text", "a longer prompt here")]
     continuations = self_distill(target, tokenizer, prompts, max_new_tokens=6, batch_size=2, progress=False)
     for continuation, prompt in zip(continuations, prompts):
         ids = tokenizer(prompt.text, return_tensors="pt")["input_ids"]
@@ -259,7 +260,7 @@ def test_self_distillation_continues_each_prompt_like_generate(tokenizer, target
 def test_self_distillation_keeps_the_hidden_states_a_second_pass_would_compute(tokenizer, target):
     # left-padded prompts of different lengths, some sampled: the states generation computed on the way are
     # those of one forward over each whole sequence, position for position
-    prompts = [TextPrompt("1", "def f(x):"), TextPrompt("2", "a longer prompt here, with more words in it")]
+    prompts = [Prompt("1", "text", "def f(x):"), Prompt("2", "text", "a longer prompt here, with more words in it")]
     torch.manual_seed(0)
     continuations = self_distill(target, tokenizer, prompts, max_new_tokens=9, batch_size=2, do_sample=True,
                                  temperature=1.0, progress=False)
@@ -329,9 +330,9 @@ def test_own_lm_heads_start_from_the_base_lm_head(tokenizer, tmp_path):
 
 
 def test_verify_costs_are_measured_as_tree_prefixes(small_model):
-    from hf_spec.bench.calibrate import forward_seconds
-    from hf_spec.medusa.evaluate import measure_costs
-    from hf_spec.trees import build_tree_buffers
+    from hf_spec.engine.timing import forward_seconds
+    from hf_spec.training.medusa_evaluation import measure_costs
+    from hf_spec.engine.trees import build_tree_buffers
 
     heads = MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True)
     paths = [(0,), (0, 0), (1,), (0, 1), (2,)]

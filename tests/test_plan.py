@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, Qwen2Config
 
-from hf_spec.cache import cache_kwargs
+from hf_spec.engine.cache import cache_kwargs
 from hf_spec.plan import GiB, count_parameters, kv_cache_bytes, parse_memory, plan, weight_bytes
 from hf_spec.testing import tiny_causal_lm
 

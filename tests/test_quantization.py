@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import hf_spec
-from hf_spec.loading import quantization_config
+from hf_spec.draft.loading import quantization_config
 
 bitsandbytes = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed")
 
@@ -27,7 +27,7 @@ def draft_folder(target, tmp_path_factory):
 
 @pytest.mark.parametrize("quantization, module", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
 def test_quantized_draft_is_lossless_and_quantized(target, prompt, draft_folder, quantization, module):
-    from hf_spec.loading import resolve_draft
+    from hf_spec.draft.loading import resolve_draft
 
     expected = target.generate(**prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20)
     out = target.generate(**prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20, strategy="draft",

@@ -12,9 +12,9 @@ from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor
                           TopPLogitsWarper)
 
 import hf_spec
-import hf_spec.logits.acceptance as acceptance
-import hf_spec.loop
-from hf_spec.draft import DraftModelProposer
+import hf_spec.verify.chain as acceptance
+import hf_spec.verify.rule
+from hf_spec.draft.proposer import DraftModelProposer
 from hf_spec.testing import tiny_causal_lm
 
 VOCAB, NEW_TOKENS, DRAWS, ALPHA = 6, 3, 800, 1e-3
@@ -125,7 +125,7 @@ def test_wrong_rules_are_caught(pair, monkeypatch, wrong_rule):
     elif wrong_rule == "draft before processors":
         _draft_q_before_processors(monkeypatch)
     else:
-        monkeypatch.setattr(hf_spec.loop, "speculative_sample", _bonus_from_draft)
+        monkeypatch.setattr(hf_spec.verify.rule, "speculative_sample", _bonus_from_draft)
     assert chi_square_p_value(draw(pair)[0], exact_joint(pair[0])) < ALPHA
 
 
@@ -183,7 +183,7 @@ def test_tree_sampling_without_renormalisation_is_caught(pair, medusa_heads, mon
     import dataclasses
     import importlib
 
-    from hf_spec.tree_verify import TORCH
+    from hf_spec.verify import TORCH
 
     medusa_generate = importlib.import_module("hf_spec.medusa.generate")  # the module, not the function
 

@@ -3,7 +3,9 @@ import pytest
 import torch
 
 import hf_spec
-from hf_spec.schedule import AutoLength, ConfidenceCalibration, CostEstimates, StepwiseLength
+from hf_spec.engine.auto import AutoLength, ConfidenceCalibration
+from hf_spec.engine.costs import CostEstimates
+from hf_spec.engine.schedule import StepwiseLength
 
 # measured on this CPU (GUIDE 6 and the bench): verifying w tokens of the 1.5B, the 0.5B draft per token
 CPU = {1: 0.375, 2: 0.763, 4: 0.77, 6: 0.83, 9: 0.95}
@@ -198,15 +200,15 @@ def test_a_plain_first_step_is_scored_by_the_prefill_and_times_nothing(target, d
 
 
 def test_bad_lengths():
-    from hf_spec.schedule import check_draft_length
+    from hf_spec.engine.schedule import check_num_speculative_tokens
 
     for bad in (0, -1, "fast", 2.5, True):
         with pytest.raises(ValueError, match="an int >= 1, 'auto' or 'stepwise'"):
-            check_draft_length(bad)
+            check_num_speculative_tokens(bad)
 
 
 def test_auto_remembers_costs_and_calibration_per_pair_across_calls(target, drafts, prompt):
-    from hf_spec.schedule import _MEMORY
+    from hf_spec.engine.memory import _MEMORY
 
     _MEMORY.clear()
     kwargs = dict(do_sample=False, max_new_tokens=20, min_new_tokens=20, strategy="draft",

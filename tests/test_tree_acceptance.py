@@ -1,8 +1,8 @@
 """Deterministic cases of the tree verification rules, on peaked distributions."""
 import torch
 
-from hf_spec.logits.tree_acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
-from hf_spec.trees import build_tree_buffers
+from hf_spec.verify.tree import greedy_accept_tree, sample_accept_tree, typical_accept_tree
+from hf_spec.engine.trees import build_tree_buffers
 
 # block 0 root; 1: (0,), 2: (1,), 3: (0, 0), 4: (1, 0)
 TREE = build_tree_buffers([(0,), (1,), (0, 0), (1, 0)])

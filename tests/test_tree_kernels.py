@@ -1,7 +1,7 @@
 """The Triton tree-verification kernels equal the torch reference (through the Triton interpreter on CPU).
 
 The interpreter runs program instances one at a time, so it cannot show races between them; the
-compaction kernel is race-free by construction (see hf_spec.tree_verify.triton_kernels).
+compaction kernel is race-free by construction (see hf_spec.verify.triton_kernels).
 """
 import pytest
 import torch
@@ -9,11 +9,11 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed")
 # On CPU, conftest.py sets TRITON_INTERPRET=1 before Triton is first imported.
 
-from hf_spec.cache import compact_layer_torch  # noqa: E402
-from hf_spec.logits import tree_acceptance as reference  # noqa: E402
-from hf_spec.tree_verify import get_verifier  # noqa: E402
-from hf_spec.tree_verify import triton_kernels as kernels  # noqa: E402
-from hf_spec.trees import MC_SIM_7B_63, build_tree_buffers  # noqa: E402
+from hf_spec.verify.backends import compact_layer_torch  # noqa: E402
+from hf_spec.verify import tree as reference  # noqa: E402
+from hf_spec.verify import get_verifier  # noqa: E402
+from hf_spec.verify import triton_kernels as kernels  # noqa: E402
+from hf_spec.engine.trees import MC_SIM_7B_63, build_tree_buffers  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TREES = {
@@ -150,7 +150,7 @@ def test_verifier_choice(monkeypatch):
 
 
 def test_micro_benchmark_runs_and_grows_trees():
-    from hf_spec.tree_verify.benchmark import format_rows, run, tree_of_size
+    from hf_spec.bench.tree_verify import format_rows, run, tree_of_size
 
     assert len(set(tree_of_size(128))) == 128 and build_tree_buffers(tree_of_size(128)).num_nodes == 128
     rows = run(DEVICE, [16], [300], repeats=1, layers=2, cache_shape=(2, 80, 8))

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hf_spec.trees import NAMED_TREES, build_tree_buffers, resolve_tree, validate_tree
+from hf_spec.engine.trees import NAMED_TREES, build_tree_buffers, resolve_tree, validate_tree
 
 
 def test_buffers_of_a_three_node_tree():

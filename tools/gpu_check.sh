@@ -14,7 +14,7 @@ python -c "import torch, transformers, triton; print(torch.__version__, transfor
 timeout 300 python -m pytest -q tests/test_tree_kernels.py tests/test_trees.py tests/test_tree_acceptance.py \
     > "$OUT/pytest_cuda.txt" 2>&1
 # 2. kernel vs reference micro-benchmark
-timeout 300 python -m hf_spec.tree_verify.benchmark --device cuda --json "$OUT/tree_verify.json" \
+timeout 300 python -m hf_spec.bench.tree_verify --device cuda --json "$OUT/tree_verify.json" \
     > "$OUT/tree_verify.txt" 2>&1
 # 3. plain vs draft at 7B shape with controlled acceptance, measured against the cost model
 timeout 420 hf-spec bench --synthetic llama-2-7b:tinyllama-1.1b --device cuda --dtype float16 --alpha 0.5,0.8 \

@@ -1,7 +1,7 @@
 """``hf-spec bench``: speed against plain generate() and transformers' assisted generation, honestly.
 
 All modes run in one process on the same prompts, interleaved; the noise floor, acceptance and a
-cost-model prediction (``hf_spec.costmodel``) are printed beside every speedup.
+cost-model prediction (``hf_spec.engine.costs``) are printed beside every speedup.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .calibrate import calibrate
-from .prompts import batch_prompts, encode, load_prompts
 from .report import format_report, plot, summarize, write_json
-from ..loading import resolve_draft
+from ..draft.loading import resolve_draft
 from ..medusa import load_medusa_heads
-from ..trees import build_tree_buffers, resolve_tree
+from ..prompts import batch_prompts, encode, load_prompts
+from ..engine.trees import build_tree_buffers, resolve_tree
 from .run import Contenders, mode_names, run_modes
 
 
@@ -101,7 +101,7 @@ def main(args) -> int:
 
 def synthetic_main(args) -> int:
     """Random weights at named shapes on ``--device``, random prompts, acceptance set by ``--alpha``."""
-    from .prompts import Prompt
+    from ..prompts import Prompt
     from .synthetic import random_model
 
     target_shape, draft_shape = args.synthetic.split(":")

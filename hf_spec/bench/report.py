@@ -5,7 +5,7 @@ import json
 import statistics
 from dataclasses import asdict
 
-from ..costmodel import FORMULA, TREE_FORMULA, Costs, predicted_speedup, predicted_tree_speedup
+from ..engine.costs import FORMULA, TREE_FORMULA, Costs, predicted_speedup, predicted_tree_speedup
 from .run import Run
 
 

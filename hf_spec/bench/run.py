@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-import hf_spec
+from ..engine.stats import last_stats
 
-from .prompts import Prompt
+from ..prompts import Prompt
 
 
 @dataclass
@@ -91,7 +91,7 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     start = time.perf_counter()
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
-    stats = hf_spec.last_stats().to_dict() if mode.startswith(("draft", "medusa", "auto", "stepwise")) else None
+    stats = last_stats().to_dict() if mode.startswith(("draft", "medusa", "auto", "stepwise")) else None
     return out, seconds, stats
 
 

@@ -6,14 +6,16 @@
 Each step proposes k tokens; each is accepted with probability alpha while the previous ones were (i.i.d.);
 the step costs k x draft + V(k + 1) seconds from the curve, plus a catch-up (a tenth of a draft token's cost per
 token: the 0.5B's prefill on this CPU is faster still) when the draft skipped tokens: the prompt, or plain steps. The target's
-confidence is alpha at every token, so "auto" has to learn what that confidence means. The real schedules (``hf_spec.schedule``) decide k
+confidence is alpha at every token, so "auto" has to learn what that confidence means. The real schedules (``hf_spec.engine.schedule``, ``hf_spec.engine.auto``) decide k
 from what they observe, exactly as in generate(); fixed k = 0..8 are the yardstick. No model runs.
 """
 from __future__ import annotations
 
 import random
 
-from ..schedule import AutoLength, ConfidenceCalibration, CostEstimates, FixedLength, StepwiseLength
+from ..engine.auto import AutoLength, ConfidenceCalibration
+from ..engine.costs import CostEstimates
+from ..engine.schedule import FixedLength, StepwiseLength
 
 # Measured: the CPU curve is the 1.5B target and 0.5B draft on this machine (fp32; hf-spec bench calibration
 # plus GUIDE 6's widths); the GPU curve is a decode step bound by reading weights (verification nearly flat).

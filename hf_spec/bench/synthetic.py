@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from ..draft import DraftModelProposer
-from ..loop import check_supported, speculative_generate
-from ..proposer import Proposal
-from ..runner import padding_mask_of
+from ..draft.proposer import DraftModelProposer
+from ..engine.call import DecodingCall
+from ..engine.loop import speculative_generate
+from ..engine.proposer import Proposal
+from ..engine.schedule import FixedLength
 
 SHAPES = {
     "llama-2-7b": (LlamaConfig, dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -53,11 +54,11 @@ class ControlledDraftProposer(DraftModelProposer):
         super().__init__(draft, padding_mask)
         self.reference, self.alpha, self.generator = reference, alpha, generator
 
-    def propose(self, rows, num_tokens, logits_processor, do_sample, max_depth) -> Proposal:
-        proposal = super().propose(rows, num_tokens, logits_processor, do_sample, max_depth)
+    def propose(self, rows, k, logits_processor, do_sample, max_depth) -> Proposal:
+        proposal = super().propose(rows, k, logits_processor, do_sample, max_depth)
         sequence = rows[0]  # one prompt at a time
         start = sequence.shape[1]
-        truth = self.reference[start : start + proposal.num_tokens].to(sequence.device)
+        truth = self.reference[start : start + proposal.k].to(sequence.device)
         keep = torch.rand(truth.shape, generator=self.generator) < self.alpha
         vocab = self.draft.model.get_output_embeddings().weight.shape[0]
         tokens = torch.where(keep.to(truth.device), truth, (truth + 1) % vocab)
@@ -68,11 +69,10 @@ def controlled_generate(model, input_ids, logits_processor, stopping_criteria, g
                         num_speculative_tokens: int = 5, reference=None, alpha: float = 1.0, seed: int = 0,
                         **model_kwargs):
     """A custom_generate callable: the draft strategy with a ControlledDraftProposer (greedy only)."""
-    check_supported(model, input_ids, generation_config, "draft")
-    if generation_config.do_sample:
+    call = DecodingCall.of("draft", model, input_ids, logits_processor, stopping_criteria, generation_config,
+                           **model_kwargs)
+    if call.do_sample:
         raise ValueError("The acceptance-controlled proposer works with greedy decoding only.")
-    padding_mask = padding_mask_of(model_kwargs)
-    proposer = ControlledDraftProposer(draft_model, padding_mask, reference[0], alpha,
+    proposer = ControlledDraftProposer(draft_model, call.padding_mask, reference[0], alpha,
                                        torch.Generator().manual_seed(seed))
-    return speculative_generate(model, input_ids, proposer, num_speculative_tokens, logits_processor,
-                                stopping_criteria, generation_config, padding_mask=padding_mask, **model_kwargs)
+    return speculative_generate(call, proposer, FixedLength(num_speculative_tokens))

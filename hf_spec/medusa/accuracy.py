@@ -4,7 +4,7 @@ Head d (0-based) guesses the token d + 1 places after the bonus token; ``rate(d,
 guesses whose rank-r candidate was the token that came. A tree node (r_0, .., r_d) is accepted when every
 guess on its path is right, so (taking the heads as independent, as Medusa does) its probability is
 rate(0, r_0) x .. x rate(d, r_d), and a tree's expected tokens per step is 1 + the sum over its nodes.
-Both the online "auto" tree (``hf_spec.schedule.AutoTree``) and head training's evaluation use this.
+Both the online "auto" tree (``hf_spec.engine.auto.AutoTree``) and head training's evaluation use this.
 """
 from __future__ import annotations
 

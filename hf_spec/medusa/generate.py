@@ -6,11 +6,13 @@ import os
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from ..loop import Acceptance, check_supported, speculative_generate, with_stop_strings
-from ..runner import padding_mask_of
-from ..tree_verify import get_verifier
-from ..schedule import AutoTree, pair_memory
-from ..trees import DEFAULT_TREE, resolve_tree, validate_tree
+from ..engine.auto import AutoTree
+from ..engine.call import DecodingCall
+from ..engine.loop import speculative_generate
+from ..engine.memory import pair_memory
+from ..engine.schedule import FixedLength
+from ..engine.trees import DEFAULT_TREE, resolve_tree, validate_tree
+from ..verify import Acceptance, get_verifier
 from .accuracy import HeadAccuracy
 from .heads import MedusaHeads
 from .loading import load_medusa_heads
@@ -50,16 +52,19 @@ def generate(
     """Medusa decoding for ``model.generate(custom_generate=...)``.
 
     medusa_heads: Hub id, local folder (Medusa-1 or Medusa-2 layout) or MedusaHeads; revision/token go to
-    huggingface_hub. tree: a name from ``hf_spec.trees.NAMED_TREES`` (default: upstream's 63-node tree), a
+    huggingface_hub. tree: a name from ``hf_spec.engine.trees.NAMED_TREES`` (default: upstream's 63-node tree), a
     list of paths of per-head top-k ranks, or "auto": each step verifies the prefix of the default tree (0
     nodes = plain decoding) that the measured verify costs and head accuracies say is fastest
-    (``hf_spec.schedule.AutoTree``; ``cache_costs=False`` forgets what earlier calls measured). acceptance: "exact" (greedy match; lossless sampling) or
+    (``hf_spec.engine.auto.AutoTree``; ``cache_costs=False`` forgets what earlier calls measured). acceptance: "exact" (greedy match; lossless sampling) or
     "typical" (Medusa's lossy rule with posterior_threshold and posterior_alpha; sampling only).
     tree_verifier: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
-    token_streamer, target_tokenizer: what generate() calls streamer and tokenizer (see hf_spec.draft).
+    token_streamer, target_tokenizer: what generate() calls streamer and tokenizer (see ``hf_spec.draft.generate``).
     """
-    check_supported(model, input_ids, generation_config, "medusa")
-    stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, target_tokenizer)
+    call = DecodingCall.of("medusa", model, input_ids, logits_processor, stopping_criteria, generation_config,
+                           token_streamer=token_streamer, stop_strings=stop_strings,
+                           target_tokenizer=target_tokenizer, **model_kwargs)
+    verifier = get_verifier(tree_verifier, model.device)
+    rule = Acceptance(call.do_sample, acceptance, posterior_threshold, posterior_alpha, verifier)
     heads = resolve_heads(medusa_heads, model, revision, token)
     memory = pair_memory(model, heads, cache_costs)
     if tree == "auto":
@@ -70,19 +75,6 @@ def generate(
     if memory.head_accuracy is None:
         memory.head_accuracy = HeadAccuracy(heads.num_heads)
     proposer = MedusaProposer(heads, paths, memory.head_accuracy, all_heads=tree == "auto")
-    schedule = AutoTree(memory.costs, memory.head_accuracy, proposer.paths) if tree == "auto" else len(paths)
-    padding_mask = padding_mask_of(model_kwargs)
-    return speculative_generate(
-        model,
-        input_ids,
-        proposer,
-        schedule,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        streamer=token_streamer,
-        padding_mask=padding_mask,
-        acceptance=Acceptance(generation_config.do_sample, acceptance, posterior_threshold, posterior_alpha,
-                              get_verifier(tree_verifier, model.device)),
-        **model_kwargs,
-    )
+    schedule = AutoTree(memory.costs, memory.head_accuracy, proposer.paths) if tree == "auto" else FixedLength(
+        len(paths))
+    return speculative_generate(call, proposer, schedule, rule, verifier)

@@ -29,6 +29,15 @@ SAFETENSORS_NAME = "medusa_lm_head.safetensors"
 PT_NAME = "medusa_lm_head.pt"
 
 
+def check_fits(hidden_size: int, vocab_size: int, base_model) -> None:
+    base_hidden = base_model.config.get_text_config().hidden_size
+    base_vocab = base_model.get_output_embeddings().weight.shape[0]
+    if (hidden_size, vocab_size) != (base_hidden, base_vocab):
+        raise ValueError(f"These Medusa heads expect hidden size {hidden_size} and vocabulary {vocab_size}; the model "
+                         f"has {base_hidden} and {base_vocab}. Use heads trained for this model "
+                         "(hf-spec train-medusa trains them).")
+
+
 class ResBlock(nn.Module):
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -64,9 +73,7 @@ class MedusaHeads(nn.Module):
 
     def attach(self, model) -> "MedusaHeads":
         """Shared layout: use ``model``'s lm_head as every head's final layer (checked to fit)."""
-        from .loading import _check_fits
-
-        _check_fits(self.hidden_size, self.vocab_size, model)
+        check_fits(self.hidden_size, self.vocab_size, model)
         if self.shared_lm_head:
             self._base_lm_head[:] = [model.get_output_embeddings()]
         return self
@@ -144,9 +151,3 @@ class MedusaHeads(nn.Module):
             commit = api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision,
                                        commit_message=commit_message)
         return str(commit)
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, **kwargs) -> "MedusaHeads":
-        from .loading import load_medusa_heads
-
-        return load_medusa_heads(name_or_path, **kwargs)

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
-from pathlib import Path
 
 import torch
-from huggingface_hub import hf_hub_download
-from huggingface_hub.errors import EntryNotFoundError
-from safetensors import safe_open
 
-from .heads import CONFIG_NAME, PT_NAME, SAFETENSORS_NAME, MedusaHeads
+from ..weights import RepoFiles, read_pt, read_safetensors
+from .heads import CONFIG_NAME, PT_NAME, SAFETENSORS_NAME, MedusaHeads, check_fits
 
 MEDUSA2_PREFIX = "medusa_head."
 _KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
@@ -33,12 +29,12 @@ def load_medusa_heads(name_or_path: str | os.PathLike, *, base_model=None, revis
                       token=None, device=None, dtype=None) -> MedusaHeads:
     """Heads from a Hub id or local folder. With ``base_model`` they are checked against it and placed on its
     device in its dtype."""
-    files = _RepoFiles(str(name_or_path), revision, token)
+    files = RepoFiles(str(name_or_path), revision, token)
     config = json.loads(files.read_text(CONFIG_NAME)) if files.has(CONFIG_NAME) else {}
     if files.has(SAFETENSORS_NAME):
-        state = _read_safetensors([files.path(SAFETENSORS_NAME)])
+        state = read_safetensors([files.path(SAFETENSORS_NAME)])
     elif files.has(PT_NAME):
-        state = _read_pt(files.path(PT_NAME))
+        state = read_pt(files.path(PT_NAME))
     else:
         state = _read_medusa2(files)
         if not state:
@@ -82,7 +78,7 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], config: dict, base_mod
                              'their final Linear must say so in config.json with "medusa_shared_lm_head": true.')
         vocab_size, hidden_size = final.shape
     if base_model is not None:
-        _check_fits(hidden_size, vocab_size, base_model)
+        check_fits(hidden_size, vocab_size, base_model)
     heads = MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, config.get("base_model_name_or_path"), shared)
     expected = heads.upstream_state_dict()
     missing = sorted(set(expected) - set(state))
@@ -96,74 +92,9 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], config: dict, base_mod
     return heads.attach(base_model) if base_model is not None else heads
 
 
-def _check_fits(hidden_size: int, vocab_size: int, base_model) -> None:
-    base_hidden = base_model.config.get_text_config().hidden_size
-    base_vocab = base_model.get_output_embeddings().weight.shape[0]
-    if (hidden_size, vocab_size) != (base_hidden, base_vocab):
-        raise ValueError(f"These Medusa heads expect hidden size {hidden_size} and vocabulary {vocab_size}; the model "
-                         f"has {base_hidden} and {base_vocab}. Use heads trained for this model "
-                         "(hf-spec train-medusa trains them).")
-
-
-class _RepoFiles:
-    """Files of a local folder or a Hub repo. Hub files come through huggingface_hub's cache (so
-    ``HF_HUB_OFFLINE=1`` works once they are cached); a file is looked up only when it is needed."""
-
-    def __init__(self, name: str, revision, token):
-        self.name, self.revision, self.token = name, revision, token
-        self.local = Path(name) if Path(name).is_dir() else None
-        self._paths: dict[str, str | None] = {}
-
-    def has(self, filename: str) -> bool:
-        return self._resolve(filename) is not None
-
-    def path(self, filename: str) -> str:
-        path = self._resolve(filename)
-        if path is None:
-            raise FileNotFoundError(f"{self.name} has no {filename}.")
-        return path
-
-    def read_text(self, filename: str) -> str:
-        return Path(self.path(filename)).read_text()
-
-    def _resolve(self, filename: str) -> str | None:
-        if filename not in self._paths:
-            if self.local is not None:
-                path = self.local / filename
-                self._paths[filename] = str(path) if path.is_file() else None
-            else:
-                try:
-                    self._paths[filename] = hf_hub_download(self.name, filename, revision=self.revision,
-                                                            token=self.token)
-                except EntryNotFoundError:
-                    self._paths[filename] = None
-        return self._paths[filename]
-
-
-def _read_safetensors(paths: list[str], prefix: str = "") -> dict[str, torch.Tensor]:
-    state = {}
-    for path in paths:
-        with safe_open(path, framework="pt") as f:
-            for key in f.keys():
-                if key.startswith(prefix):
-                    state[key[len(prefix):]] = f.get_tensor(key)
-    return state
-
-
-def _read_pt(path: str, prefix: str = "") -> dict[str, torch.Tensor]:
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:  # weights_only refuses anything but tensors and plain containers
-        raise ValueError(f"{path} is not a plain tensor state dict, so it was not loaded (it could run code): "
-                         f"{error}") from error
-    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
-        raise ValueError(f"{path} must hold a dict of tensors (a state dict); got {type(loaded).__name__}.")
-    return {key[len(prefix):]: value for key, value in loaded.items() if key.startswith(prefix)}
-
-
-def _read_medusa2(files: _RepoFiles) -> dict[str, torch.Tensor]:
+def _read_medusa2(files: RepoFiles) -> dict[str, torch.Tensor]:
     """The medusa_head.* tensors of a whole-model repo, from only the shards that hold them."""
-    for index_name, reader in (("model.safetensors.index.json", _read_safetensors),
+    for index_name, reader in (("model.safetensors.index.json", read_safetensors),
                                ("pytorch_model.bin.index.json", None)):
         if files.has(index_name):
             weight_map = json.loads(files.read_text(index_name))["weight_map"]
@@ -172,10 +103,10 @@ def _read_medusa2(files: _RepoFiles) -> dict[str, torch.Tensor]:
                 return reader([files.path(shard) for shard in shards], MEDUSA2_PREFIX)
             state = {}
             for shard in shards:
-                state.update(_read_pt(files.path(shard), MEDUSA2_PREFIX))
+                state.update(read_pt(files.path(shard), MEDUSA2_PREFIX))
             return state
     if files.has("model.safetensors"):
-        return _read_safetensors([files.path("model.safetensors")], MEDUSA2_PREFIX)
+        return read_safetensors([files.path("model.safetensors")], MEDUSA2_PREFIX)
     if files.has("pytorch_model.bin"):
-        return _read_pt(files.path("pytorch_model.bin"), MEDUSA2_PREFIX)
+        return read_pt(files.path("pytorch_model.bin"), MEDUSA2_PREFIX)
     return {}

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
-from ..proposer import Proposal
-from ..trees import TreeBuffers, build_tree_buffers, prefix_closed_order
+from ..engine.proposer import Proposal
+from ..engine.trees import TreeBuffers, build_tree_buffers, prefix_closed_order
 from .accuracy import HeadAccuracy
 from .heads import MedusaHeads
 
@@ -36,12 +36,12 @@ class MedusaProposer:
         self.hidden: torch.Tensor | None = None  # [batch, hidden_size]
         self._guesses: tuple[list[int], torch.LongTensor] | None = None  # (row lengths, ranked candidates)
 
-    def propose(self, rows: list[torch.LongTensor], num_tokens: int, logits_processor: LogitsProcessorList,
+    def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
-        """The first ``num_tokens`` nodes of the tree (all of them when num_tokens >= the tree's size), those
+        """The first ``k`` nodes of the tree (all of them when k >= the tree's size), those
         at most ``max_depth`` deep, for every row."""
         self._judge_last_guesses(rows)
-        size, depth = min(num_tokens, len(self.paths)), min(max_depth, self.buffers.max_depth)
+        size, depth = min(k, len(self.paths)), min(max_depth, self.buffers.max_depth)
         if self.hidden is None or size == 0 or depth == 0:
             return Proposal(tokens=rows[0].new_empty(len(rows), 0))
         buffers = self._subtree(size, depth)
@@ -49,7 +49,7 @@ class MedusaProposer:
         top_k = min(max(self.accuracy.top_k, *buffers.top_k_per_head()), head_logits.shape[-1])
         ranked = head_logits.topk(top_k, dim=-1).indices  # [num_heads, batch, top_k]: each head's candidates
         self._guesses = ([row.shape[1] for row in rows], ranked)
-        tokens = ranked[buffers.depths[1:] - 1, :, buffers.ranks]  # [num_nodes, batch]: node (.., r) at depth d
+        tokens = ranked[buffers.depths[1:] - 1, :, buffers.ranks]  # [k, batch]: node (.., r) at depth d
         return Proposal(tokens=tokens.T.to(rows[0].device), tree=buffers)
 
     def _subtree(self, size: int, depth: int) -> TreeBuffers:

@@ -5,9 +5,8 @@ model (greedy, or sampled), and the last hidden states along prompt + continuati
 are kept (``HiddenStates``), so epochs cost the heads' forward and backward only. Head i (0-based) at
 position t learns token t + i + 2; only continuation tokens are targets.
 
-Prompts come from a Spec-Bench style jsonl (``question_id``, ``category``, ``turns``: the first turn), a jsonl
-with a ``text`` or ``prompt`` field, or a text file (one prompt a line). ``split_train_eval`` splits them by
-question id into disjoint sets.
+Prompts are read by ``hf_spec.prompts.load_prompts``; ``split_train_eval`` splits them by question id into
+disjoint sets, the same rule for every kind of training.
 """
 from __future__ import annotations
 
@@ -18,41 +17,16 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..bench.prompts import left_padded
-from ..runner import takes_logits_to_keep
+from ..engine.runner import takes_logits_to_keep
+from ..prompts import Prompt, encode_ids, left_padded
 
 IGNORE = -100
 
 
-@dataclass(frozen=True)
-class TextPrompt:
-    question_id: str
-    text: str
-
-
-def load_text_prompts(path: str | Path) -> list[TextPrompt]:
-    path = Path(path)
-    prompts = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            row = json.loads(line)
-            text = row["turns"][0] if "turns" in row else row.get("text", row.get("prompt"))
-            if text is None:
-                raise ValueError(f"{path}:{i + 1} has none of 'turns', 'text', 'prompt'.")
-            prompts.append(TextPrompt(str(row.get("question_id", i)), text))
-        else:
-            prompts.append(TextPrompt(str(i), line))
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts.")
-    return prompts
-
-
-def split_train_eval(prompts: list[TextPrompt], eval_every: int = 5) -> tuple[list[TextPrompt], list[TextPrompt]]:
+def split_train_eval(prompts: list[Prompt], eval_every: int = 5) -> tuple[list[Prompt], list[Prompt]]:
     """Disjoint sets by question id: a numeric id divisible by ``eval_every`` goes to evaluation (else the
     position in the file does), so the split never depends on what else the file holds."""
-    def held_out(index: int, prompt: TextPrompt) -> bool:
+    def held_out(index: int, prompt: Prompt) -> bool:
         key = int(prompt.question_id) if prompt.question_id.isdigit() else index
         return key % eval_every == 0
 
@@ -61,7 +35,7 @@ def split_train_eval(prompts: list[TextPrompt], eval_every: int = 5) -> tuple[li
     return train, evaluation
 
 
-def write_prompts(prompts: list[TextPrompt], source: str | Path, path: str | Path) -> None:
+def write_prompts(prompts: list[Prompt], source: str | Path, path: str | Path) -> None:
     """The rows of ``source`` whose ids are in ``prompts``, as a jsonl ``hf-spec bench --questions`` reads."""
     ids = {p.question_id for p in prompts}
     source = Path(source)
@@ -71,14 +45,6 @@ def write_prompts(prompts: list[TextPrompt], source: str | Path, path: str | Pat
     else:
         rows = [{"question_id": p.question_id, "category": "text", "turns": [p.text]} for p in prompts]
     Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """The prompt as the model is asked it: a chat turn when the tokenizer has a template."""
-    if tokenizer.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)["input_ids"]
-    return tokenizer(text)["input_ids"]
 
 
 @dataclass(frozen=True)
@@ -98,14 +64,14 @@ def training_positions(length: int, prompt_length: int) -> range:
     return range(max(prompt_length - 2, 0), length - 2)
 
 
-def self_distill(model, tokenizer, prompts: list[TextPrompt], max_new_tokens: int = 128, batch_size: int = 8,
+def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 128, batch_size: int = 8,
                  do_sample: bool = False, max_prompt_tokens: int = 512, progress: bool = True,
                  temperature: float | None = None, dtype: torch.dtype = torch.float32) -> list[Continuation]:
     """Each prompt continued by ``model`` in batches of left-padded prompts; a continuation ends at the model's
     eos (kept) or after ``max_new_tokens``. The hidden states are the ones generation computed on the way (the
     prefill's for the prompt, each step's for the token it read), so no second pass over the text is needed.
     ``temperature`` (sampling only) overrides the model's generation config."""
-    encoded = [encode_prompt(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
+    encoded = [encode_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = model.generation_config.eos_token_id

@@ -16,6 +16,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..verify.backends import compact_layer_torch
+
 # transformers 5.17 passes the cache to custom_generate and to forward() as `past_key_values`;
 # later 5.x name it `cache`.
 CACHE_KEYS = ("cache", "past_key_values")
@@ -66,7 +68,8 @@ def keep_path(cache: Cache, keep: int, block_start: int, path: list[int], compac
 
     e.g. keep 10, block_start 9, path [1, 3] (the root at 9 stays): position 12 moves to 11, then crop to 12.
     ``path`` is ascending; a path that is already contiguous after ``keep`` only crops. ``compact_layer``
-    (keys, values, sources, destinations) moves one layer's entries; default: :func:`compact_layer_torch`.
+    (keys, values, sources, destinations) moves one layer's entries; default: the torch reference,
+    ``hf_spec.verify.backends.compact_layer_torch``.
     """
     sources = [block_start + i for i in path]
     destinations = list(range(keep, keep + len(path)))
@@ -80,10 +83,3 @@ def keep_path(cache: Cache, keep: int, block_start: int, path: list[int], compac
             compact_layer(layer.keys, layer.values, *moves[device])
     rollback(cache, keep + len(path))
 
-
-def compact_layer_torch(keys: torch.Tensor, values: torch.Tensor, sources: torch.Tensor,
-                        destinations: torch.Tensor) -> None:
-    """In place, for keys and values [batch, heads, seq, head_dim]: position sources[i] -> destinations[i].
-    index_select copies first, so overlapping moves read the old values."""
-    keys[..., destinations, :] = keys.index_select(-2, sources)
-    values[..., destinations, :] = values.index_select(-2, sources)

@@ -1,10 +1,7 @@
-"""How many tokens to propose at each step: ``num_speculative_tokens=`` int, "stepwise" or "auto".
+"""``num_speculative_tokens="auto"`` and ``tree="auto"``: the k each step that measured costs say is fastest.
 
-- an int k: always k (``FixedLength``);
-- "stepwise" (the seed's rule of thumb): start at 3, raise k by one while a step's acceptance stays at or above
-  50%, lower it by one (not below 1) otherwise;
-- "auto": each step picks the k in 0..max_k that maximises expected tokens per second,
-  E(k) / (D(k) + V(k + 1)) with E(k) = 1 + a + a^2 + ... + a^k (``hf_spec.costmodel``), where V(w) is the
+"auto" for a chain (``AutoLength``): each step picks the k in 0..max_k that maximises expected tokens per second,
+  E(k) / (D(k) + V(k + 1)) with E(k) = 1 + a + a^2 + ... + a^k (``hf_spec.engine.costs``), where V(w) is the
   target's measured time to verify w tokens, D(k) = k x the draft's measured time per token, and a the
   acceptance predicted for the next tokens. k = 0 is plain decoding (rate 1 / V(1)).
 
@@ -25,95 +22,17 @@ only when the time the tokens ahead should save exceeds that catch-up, and it ex
 the call has made so far (at most what is left and ``max_horizon``): max_new_tokens says when an answer must
 stop, not how long it is. Costs and calibrations
 are kept per (target, draft, device, dtype) across calls (``cache_costs=False`` starts afresh).
+
+``AutoTree`` (Medusa's ``tree="auto"``) picks the prefix size of a nested tree family the same way, from the
+heads' measured accuracy.
 """
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
 
-from .costmodel import expected_tokens_per_step
-
-
-class DraftLength:
-    """A schedule: the loop calls start() once, then next() and observe() at every step."""
-
-    def start(self, prompt_length: int, max_new_tokens: int) -> None:
-        """A call begins with ``prompt_length`` tokens that no proposer has seen, and may add ``max_new_tokens``."""
-
-    def next(self) -> int:
-        """The number of tokens to propose at the next step (0: a plain decoding step)."""
-        raise NotImplementedError
-
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
-                confidence: list[list[float]]) -> None:
-        """What the step with k proposals kept in each row still decoding, what proposing and verifying took
-        (verify_s None: the step ran no forward, the prefill had scored it), and the target's confidence (top
-        probability) at each token a row committed: entry i judged proposal i + 1."""
-
-
-class FixedLength(DraftLength):
-    def __init__(self, k: int):
-        self.k = k
-
-    def next(self) -> int:
-        return self.k
-
-
-class StepwiseLength(DraftLength):
-    """Start at 3; +1 while a step accepts at least half of its proposals, else -1 (at least 1)."""
-
-    def __init__(self, start: int = 3, max_k: int = 12):
-        self.k, self.max_k = start, max_k
-
-    def next(self) -> int:
-        return self.k
-
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
-                confidence: list[list[float]]) -> None:
-        if k == 0 or not accepted:
-            return
-        self.k = min(self.k + 1, self.max_k) if sum(accepted) >= 0.5 * k * len(accepted) else max(self.k - 1, 1)
-
-
-@dataclass
-class CostEstimates:
-    """Measured seconds, smoothed: verify[w] = V(w); draft_token = the draft's time per proposed token;
-    catch_up_token = its time per token when it catches up on tokens it skipped (a prefill)."""
-
-    verify: dict[int, float] = field(default_factory=dict)
-    draft_token: float | None = None
-    catch_up_token: float | None = None
-    propose_step: float | None = None  # a proposer's time per step whatever it proposes (Medusa's heads)
-    smoothing: float = 0.3  # weight of a new measurement
-
-    def _smoothed(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
-
-    def update_verify(self, width: int, seconds: float | None) -> None:
-        if seconds is not None:  # None: nothing was timed
-            self.verify[width] = self._smoothed(self.verify.get(width), seconds)
-
-    def update_draft(self, seconds_per_token: float) -> None:
-        self.draft_token = self._smoothed(self.draft_token, seconds_per_token)
-
-    def update_catch_up(self, seconds_per_token: float) -> None:
-        self.catch_up_token = self._smoothed(self.catch_up_token, seconds_per_token)
-
-    def update_propose_step(self, seconds: float) -> None:
-        self.propose_step = self._smoothed(self.propose_step, seconds)
-
-    def verify_cost(self, width: int) -> float:
-        """V(width): measured, else linear between the nearest measured widths, else the nearest measured value
-        (flat: optimistic, so that a wider step gets tried and measured rather than ruled out by a guess)."""
-        if width in self.verify:
-            return self.verify[width]
-        lower = [w for w in self.verify if w < width]
-        upper = [w for w in self.verify if w > width]
-        if lower and upper:
-            a, b = max(lower), min(upper)
-            return self.verify[a] + (self.verify[b] - self.verify[a]) * (width - a) / (b - a)
-        return self.verify[max(lower) if lower else min(upper)]
+from .costs import CostEstimates, best_tree_size, expected_tokens_per_step
+from .schedule import Schedule
 
 
 class ConfidenceCalibration:
@@ -164,41 +83,7 @@ class ConfidenceCalibration:
         self.seen[b] += 1.0
 
 
-@dataclass
-class PairMemory:
-    """What "auto" keeps for one (target, draft or Medusa heads) pair on one device and dtype, across calls."""
-
-    costs: CostEstimates = field(default_factory=CostEstimates)
-    calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
-    realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
-    head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
-
-    def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
-        return self.calibration.setdefault(do_sample, ConfidenceCalibration())
-
-    def realised_for(self, do_sample: bool) -> ConfidenceCalibration:
-        return self.realised.setdefault(do_sample, ConfidenceCalibration.of_predictions())
-
-
-_MEMORY: dict[tuple, PairMemory] = {}
-
-
-def _model_key(model) -> tuple:
-    config = getattr(model, "config", None)
-    if config is None:  # Medusa heads
-        return (getattr(model, "name_or_path", None) or id(model), str(next(model.parameters()).device))
-    quantization = getattr(config, "quantization_config", None)
-    return (model.name_or_path or id(model), str(model.device), str(model.dtype), str(quantization))
-
-
-def pair_memory(target, draft, cache_costs: bool = True) -> PairMemory:
-    """The memory kept for this (target, draft) pair on this device and dtype, or a fresh one."""
-    if not cache_costs:
-        return PairMemory()
-    return _MEMORY.setdefault((_model_key(target), _model_key(draft)), PairMemory())
-
-
-class AutoLength(DraftLength):
+class AutoLength(Schedule):
     """Chooses k each step from measured costs and predicted acceptance (see the module docstring).
 
     calibration: acceptance by the target's confidence; realised: acceptance by the prediction made before
@@ -298,27 +183,7 @@ class AutoLength(DraftLength):
                 self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
 
 
-def tree_rate(expected: list[float], costs: CostEstimates, n: int, propose_step: float | None = None) -> float:
-    """Expected tokens per second verifying the first n nodes of a nested tree family, expected[n] tokens per
-    step: expected[n] / (H + V(n + 1)) with H the proposer's time per step (``costs.propose_step`` unless
-    given); n = 0 is plain decoding, 1 / V(1)."""
-    if n == 0:
-        return 1.0 / costs.verify_cost(1)
-    propose_step = costs.propose_step if propose_step is None else propose_step
-    return expected[n] / ((propose_step or 0.0) + costs.verify_cost(n + 1))
-
-
-def best_tree_size(expected: list[float], costs: CostEstimates, smallest: int = 0,
-                   propose_steps: list[float] | None = None) -> int:
-    """The prefix size (0 = plain decoding) with the highest ``tree_rate``; ``propose_steps[n]``: H for the
-    prefix of n nodes, where it depends on the prefix (e.g. only the heads a fixed tree reaches run)."""
-    def rate(n: int) -> float:
-        return tree_rate(expected, costs, n, None if propose_steps is None else propose_steps[n])
-
-    return max(range(smallest, len(expected)), key=rate)
-
-
-class AutoTree(DraftLength):
+class AutoTree(Schedule):
     """``tree="auto"`` for Medusa: how many nodes of a nested family to verify each step.
 
     The family is the prefixes of ``paths`` (listed most probable first, like upstream's trees). Each step
@@ -358,24 +223,3 @@ class AutoTree(DraftLength):
         self.costs.update_verify(k + 1, verify_s)
         if k > 0:
             self.costs.update_propose_step(propose_s)
-
-
-def check_draft_length(num_speculative_tokens) -> None:
-    if num_speculative_tokens in ("auto", "stepwise"):
-        return
-    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an int >= 1, 'auto' or 'stepwise'; got {num_speculative_tokens!r}.")
-
-
-def draft_length(num_speculative_tokens, target, draft, do_sample: bool = False,
-                 cache_costs: bool = True) -> DraftLength:
-    """The schedule for ``num_speculative_tokens`` = int >= 1, "stepwise" or "auto"."""
-    check_draft_length(num_speculative_tokens)
-    if num_speculative_tokens == "auto":
-        memory = pair_memory(target, draft, cache_costs)
-        return AutoLength(memory.costs, memory.calibration_for(do_sample),
-                          draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
-                          realised=memory.realised_for(do_sample))
-    if num_speculative_tokens == "stepwise":
-        return StepwiseLength()
-    return FixedLength(num_speculative_tokens)

@@ -1,6 +1,6 @@
 """Tree verification backends: ``tree_verifier="auto" | "triton" | "torch"``.
 
-"torch" is the reference (``hf_spec.logits.tree_acceptance`` and ``hf_spec.cache.compact_layer_torch``) and
+"torch" is the reference (``hf_spec.verify.tree`` and :func:`compact_layer_torch`) and
 runs everywhere; "triton" runs the kernels of ``triton_kernels`` on CUDA tensors (or on CPU tensors through
 the Triton interpreter when ``TRITON_INTERPRET=1``); "auto" takes Triton on CUDA when it is installed.
 """
@@ -13,22 +13,31 @@ from typing import Callable
 
 import torch
 
-from ..cache import compact_layer_torch
-from ..logits import tree_acceptance
+from . import tree
 
 VERIFIERS = ("auto", "triton", "torch")
 
 
 @dataclass(frozen=True)
 class TreeVerifier:
+    """One backend's tree rules (used by ``hf_spec.verify.rule.Acceptance``) and its KV compaction (used by the
+    model runner to move an accepted path's cache entries into place)."""
+
     name: str
     greedy: Callable  # (target_scores, node_tokens, parents, retrieve) -> (accepted, bonus)
     sample: Callable  # (target_probs, node_tokens, children, uniforms) -> (accepted, bonus)
     compact_layer: Callable  # (keys, values, sources, destinations) -> None, in place
 
 
-TORCH = TreeVerifier("torch", tree_acceptance.greedy_accept_tree, tree_acceptance.sample_accept_tree,
-                     compact_layer_torch)
+def compact_layer_torch(keys: torch.Tensor, values: torch.Tensor, sources: torch.Tensor,
+                        destinations: torch.Tensor) -> None:
+    """In place, for keys and values [batch, heads, seq, head_dim]: position sources[i] -> destinations[i].
+    index_select copies first, so overlapping moves read the old values."""
+    keys[..., destinations, :] = keys.index_select(-2, sources)
+    values[..., destinations, :] = values.index_select(-2, sources)
+
+
+TORCH = TreeVerifier("torch", tree.greedy_accept_tree, tree.sample_accept_tree, compact_layer_torch)
 
 
 def triton_usable(device: torch.device) -> bool:

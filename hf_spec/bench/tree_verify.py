@@ -1,6 +1,6 @@
 """Micro-benchmark: the Triton tree verifier against the torch reference.
 
-    python -m hf_spec.tree_verify.benchmark --device cuda            # tree sizes 16, 64, 128; vocab 32k, 128k
+    python -m hf_spec.bench.tree_verify --device cuda            # tree sizes 16, 64, 128; vocab 32k, 128k
 
 Times one verification (acceptance from logits; KV compaction of a scattered 4-node path in every layer of
 a 32-layer cache) with CUDA events, median of --repeats runs after warm-up. Prints a table; --json saves it.
@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from ..cache import compact_layer_torch
-from ..logits import tree_acceptance
-from ..trees import MC_SIM_7B_63, build_tree_buffers
+from ..engine.trees import MC_SIM_7B_63, build_tree_buffers
+from ..verify import tree as tree_acceptance
+from ..verify.backends import compact_layer_torch
 
 
 def tree_of_size(num_nodes: int) -> list[tuple[int, ...]]:
@@ -55,7 +55,7 @@ def _time(fn, device: torch.device, repeats: int) -> float:
 
 def run(device: str, tree_sizes: list[int], vocabs: list[int], repeats: int, layers: int = 32,
         cache_shape: tuple[int, int, int] = (32, 2048, 128)) -> list[dict]:
-    from . import triton_kernels
+    from ..verify import triton_kernels
 
     device = torch.device(device)
     rows = []

@@ -2,7 +2,7 @@
 
 Written against what Triton 3.6 and 3.9 both support; in tests they run through the Triton interpreter
 (``TRITON_INTERPRET=1``) on CPU tensors. The torch references they must equal are
-``hf_spec.logits.tree_acceptance`` and ``hf_spec.cache.keep_path``.
+``hf_spec.verify.tree`` and ``hf_spec.verify.backends.compact_layer_torch``.
 
 KV compaction is race-free by construction: program (row, chunk) owns the slice
 ``cache[row, :, chunk]`` of one layer and no other program touches it; inside a program the moves run
@@ -152,7 +152,7 @@ def _next_power_of_2(n: int) -> int:
 
 def greedy_accept_tree(target_scores: torch.Tensor, node_tokens: torch.LongTensor, parents: torch.LongTensor,
                        retrieve: torch.LongTensor) -> tuple[list[int], torch.Tensor]:
-    """Same contract as ``hf_spec.logits.tree_acceptance.greedy_accept_tree``."""
+    """Same contract as ``hf_spec.verify.tree.greedy_accept_tree``."""
     device = target_scores.device
     scores = target_scores.contiguous()
     num_blocks, vocab = scores.shape
@@ -169,7 +169,7 @@ def greedy_accept_tree(target_scores: torch.Tensor, node_tokens: torch.LongTenso
 
 def sample_accept_tree(target_probs: torch.Tensor, node_tokens: torch.LongTensor, children, uniforms: torch.Tensor,
                        ) -> tuple[list[int], torch.Tensor]:
-    """Same contract as ``hf_spec.logits.tree_acceptance.sample_accept_tree``; children are contiguous
+    """Same contract as ``hf_spec.verify.tree.sample_accept_tree``; children are contiguous
     block ranges in rank order (as ``build_tree_buffers`` lays them out)."""
     device = target_probs.device
     probs = target_probs.float().contiguous()

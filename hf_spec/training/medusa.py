@@ -26,12 +26,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..bench.prompts import default_questions_path
-from .data import (IGNORE, HiddenStates, load_text_prompts, self_distill, split_train_eval,
-                   write_prompts)
-from .evaluate import evaluate_heads
-from .heads import MedusaHeads
-from .loading import load_medusa_heads
+from ..medusa.heads import MedusaHeads
+from ..medusa.loading import load_medusa_heads
+from ..prompts import SPEC_BENCH_QUESTIONS, load_prompts
+from .data import IGNORE, HiddenStates, self_distill, split_train_eval, write_prompts
+from .medusa_evaluation import evaluate_heads
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -327,10 +326,8 @@ class _Recipe:
         self.max_new_tokens, self.batch_size, self.num_heads = max_new_tokens, generation_batch_size, num_heads
         self.progress, self.print_fn = progress, print_fn
         output_dir.mkdir(parents=True, exist_ok=True)
-        prompts_path = prompts_path or default_questions_path()
-        if prompts_path is None:
-            raise ValueError("No prompts: pass a jsonl or text file (the Spec-Bench questions are not next to this checkout).")
-        train, held_out = split_train_eval(load_text_prompts(prompts_path), eval_every)
+        prompts_path = prompts_path or SPEC_BENCH_QUESTIONS
+        train, held_out = split_train_eval(load_prompts(prompts_path), eval_every)
         write_prompts(held_out, prompts_path, output_dir / "eval_questions.jsonl")  # all of them, for the bench
         if limit:  # evenly over the file, so every category keeps its share
             train, held_out = _spread(train, limit), _spread(held_out, max(limit // 4, 1))

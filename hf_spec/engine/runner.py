@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 from transformers.cache_utils import Cache
 
+from ..verify.backends import compact_layer_torch
 from .cache import cache_kwargs, keep_path, rollback
 
 
@@ -40,12 +41,14 @@ class CachedModel:
     recomputed. Position ids follow plain ``generate()``: a row's valid entries are numbered from 0. A chain
     block goes through the unmodified forward with a 2D mask; a tree block with a 4D mask (each node sees the
     row's valid cache, the root and its own ancestors) and positions by depth. One unpadded row never needs a
-    mask: what it rejects is cropped.
+    mask: what it rejects is cropped. ``compact_layer`` moves one layer's kept tree entries into place (one row:
+    the torch reference, or the Triton kernel on CUDA, ``hf_spec.verify.backends``).
     """
 
-    def __init__(self, model, cache: Cache, batch_size: int = 1):
+    def __init__(self, model, cache: Cache, batch_size: int = 1, compact_layer=compact_layer_torch):
         self.model = model
         self.cache = cache
+        self.compact_layer = compact_layer
         self.device = model.device
         self.batch_size = batch_size
         self._valid: torch.BoolTensor | None = None
@@ -97,15 +100,15 @@ class CachedModel:
         if self._valid is not None:
             self.valid = self._valid[:, :length]
 
-    def keep(self, block_start: int, kept: list[list[int]], compact_layer=None) -> None:
+    def keep(self, block_start: int, kept: list[list[int]]) -> None:
         """Keep the entries before ``block_start``, then, in row r, the block entries ``block_start + i`` for i in
         ``kept[r]`` (ascending), moved to follow them; rows that keep fewer than the most get holes after theirs.
 
         e.g. one row, block_start 9, kept [[0, 1, 3]]: entry 12 moves to 11, then the cache is cropped to 12."""
         width = max(len(k) for k in kept)
         if any(k != list(range(len(k))) for k in kept):
-            if self.batch_size == 1:  # through compact_layer (the Triton kernel on CUDA)
-                keep_path(self.cache, block_start, block_start, kept[0], compact_layer)
+            if self.batch_size == 1:
+                keep_path(self.cache, block_start, block_start, kept[0], self.compact_layer)
             else:
                 self._gather(block_start, kept, width)
         if self._valid is not None or any(len(k) < width for k in kept):

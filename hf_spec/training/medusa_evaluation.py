@@ -8,7 +8,7 @@
   head 1 likelier);
 - the tree for the hardware: among the prefixes of the default tree, the one that maximises expected
   tokens per second E(n) / (H + V(n + 1)) with the measured verify costs V and heads' time H — the cost
-  model of ``tree="auto"`` (``hf_spec.schedule.best_tree_size``).
+  model of ``tree="auto"`` (``hf_spec.engine.costs.best_tree_size``).
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..bench.calibrate import forward_seconds, median_seconds
-from ..schedule import CostEstimates, best_tree_size, tree_rate
-from ..trees import MC_SIM_7B_63, NAMED_TREES, build_tree_buffers, prefix_closed_order
-from .accuracy import HeadAccuracy
+from ..engine.costs import CostEstimates, best_tree_size, tree_rate
+from ..engine.timing import forward_seconds, median_seconds
+from ..engine.trees import MC_SIM_7B_63, NAMED_TREES, build_tree_buffers, prefix_closed_order
+from ..medusa.accuracy import HeadAccuracy
+from ..medusa.heads import MedusaHeads
 from .data import IGNORE, HiddenStates
-from .heads import MedusaHeads
 
 NOT_IN_TOP_K, NO_TARGET = -1, -2
 

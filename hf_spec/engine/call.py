@@ -1,0 +1,73 @@
+"""What every strategy's ``custom_generate`` callable does first: check the call and keep what it needs.
+
+transformers hands a ``custom_generate`` callable the prepared inputs (``input_ids``, logits processors,
+stopping criteria, the generation config, the cache among ``model_kwargs``) but keeps ``streamer`` and
+``tokenizer`` for itself, so ``strategy=`` passes them as ``token_streamer`` and ``target_tokenizer``
+(``hf_spec.registration``). ``DecodingCall.of`` refuses what no strategy can do losslessly, adds the
+stop-string criterion ``generate()`` would have built, and finds the prompts' padding: the one preamble.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StopStringCriteria, StoppingCriteriaList
+
+from .runner import padding_mask_of
+
+
+@dataclass
+class DecodingCall:
+    """One ``generate()`` call as the loop runs it."""
+
+    strategy: str
+    model: object  # the target, a transformers causal LM
+    input_ids: torch.LongTensor  # [batch, prompt_len], left-padded
+    logits_processor: LogitsProcessorList
+    stopping_criteria: StoppingCriteriaList  # the stop-string criterion included
+    generation_config: GenerationConfig
+    padding_mask: torch.Tensor | None  # [batch, prompt_len], or None when nothing is padded
+    streamer: object | None
+    model_kwargs: dict  # what generate() prepared (the cache among them)
+
+    @classmethod
+    def of(cls, strategy: str, model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
+           stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *, token_streamer=None,
+           stop_strings=None, target_tokenizer=None, **model_kwargs) -> "DecodingCall":
+        check_supported(model, input_ids, generation_config, strategy)
+        if token_streamer is not None and input_ids.shape[0] > 1:
+            raise ValueError("Streamers take one row: stream a batch of 1, or drop streamer= for batches.")
+        stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, target_tokenizer)
+        return cls(strategy, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                   padding_mask_of(model_kwargs), token_streamer, model_kwargs)
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def do_sample(self) -> bool:
+        return bool(self.generation_config.do_sample)
+
+
+def check_supported(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, strategy: str) -> None:
+    """Refuse what the loop cannot do losslessly, with what to do instead."""
+    if model.config.is_encoder_decoder:
+        raise ValueError(f"strategy={strategy!r} supports decoder-only models; {type(model).__name__} is an "
+                         "encoder-decoder model. Generate without `strategy`.")
+    if generation_config.num_beams > 1:
+        raise ValueError(f"strategy={strategy!r} does not combine with beam search (num_beams="
+                         f"{generation_config.num_beams}). Use num_beams=1.")
+    if generation_config.num_return_sequences > 1:
+        raise ValueError(f"strategy={strategy!r} returns one sequence per prompt (num_return_sequences="
+                         f"{generation_config.num_return_sequences}): repeat the prompt in the batch instead.")
+
+
+def with_stop_strings(stopping_criteria: StoppingCriteriaList, stop_strings, tokenizer) -> StoppingCriteriaList:
+    """Add the stop-string criterion that generate() builds itself but cannot for custom_generate callables."""
+    if not stop_strings:
+        return stopping_criteria
+    if tokenizer is None:
+        raise ValueError("stop_strings need the target's tokenizer: pass tokenizer= to generate().")
+    stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+    return StoppingCriteriaList([*stopping_criteria, StopStringCriteria(tokenizer, stop_strings)])

@@ -1,0 +1,217 @@
+"""The one speculative decoding loop every strategy runs: propose, verify, accept, commit.
+
+Invariants at the top of every step, for each row r of the batch: ``rows[r]`` [1, S_r] holds its committed
+tokens (left padding included); the target's cache holds all of them but the last, in order, among entries
+that are invalid for this row (``runner.CachedModel``); the last committed token is the root of the next
+verification block (block index 0) and the proposals follow it; the proposer's own state covers a prefix of
+``rows[r]``. Every row verifies the same number k of proposals per step, accepts its own run of them, and
+finishes on its own stopping criteria; nothing is recomputed for a row that kept fewer than another. Chains
+and trees share every step: a chain is a tree whose nodes each have one child.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..verify import TORCH, Acceptance, TreeVerifier, process_block
+from .cache import check_rollback_supported, new_cache, take_cache
+from .call import DecodingCall
+from .output import OutputRecorder
+from .proposer import Proposal, Proposer
+from .runner import CachedModel, ForwardOutput
+from .schedule import Schedule
+from .stats import SpecStats, StepTimer, _set_last_stats
+
+
+def speculative_generate(call: DecodingCall, proposer: Proposer, schedule: Schedule,
+                         acceptance: Acceptance | None = None, tree_verifier: TreeVerifier = TORCH):
+    """Decode ``call`` with ``proposer`` proposing k tokens a step (k from ``schedule``) and the target verifying
+    them; returns what ``generate()`` would. ``acceptance``: the rule (default: exact, greedy or sampling as the
+    call says); ``tree_verifier``: the backend whose KV compaction moves an accepted tree path into place."""
+    decoding = _Decoding(call, proposer, schedule, acceptance or Acceptance(call.do_sample), tree_verifier)
+    k = decoding.prefill()
+    while not decoding.done:
+        decoding.step(k)
+        if not decoding.done:
+            k = schedule.next()
+    return decoding.output()
+
+
+class _Decoding:
+    """The state of one call and its steps, each a few lines: prefill, then propose / verify / accept and
+    commit / roll back, until every row has finished."""
+
+    def __init__(self, call: DecodingCall, proposer: Proposer, schedule: Schedule, acceptance: Acceptance,
+                 tree_verifier: TreeVerifier):
+        self.start_time = time.perf_counter()
+        self.call, self.proposer, self.schedule, self.acceptance = call, proposer, schedule, acceptance
+        batch_size = call.batch_size
+        self.stats = SpecStats(strategy=proposer.name, batch_size=batch_size)
+        self.row_stats = [self.stats] if batch_size == 1 else [SpecStats(strategy=proposer.name)
+                                                              for _ in range(batch_size)]
+        self.timer = StepTimer(self.stats, call.model.device)
+        self.cache = take_cache(call.model_kwargs) or new_cache(call.model)
+        check_rollback_supported(self.cache, f"strategy={proposer.name!r}")
+        self.target = CachedModel(call.model, self.cache, batch_size, tree_verifier.compact_layer)
+        self.recorder = OutputRecorder(call.generation_config, batch_size)
+        self.rows = list(call.input_ids.split(1))  # each row's committed tokens [1, S_r], left padding included
+        self.finished = [False] * batch_size
+        self.prompt_length = call.input_ids.shape[1]
+        self.prefilled: ForwardOutput | None = None  # the prefill's output when it scored the first step
+
+    @property
+    def done(self) -> bool:
+        return all(self.finished)
+
+    def prefill(self) -> int:
+        """Fill the target's cache with the prompts and return the first step's k.
+
+        Each step feeds the last committed token (its root) with the proposals, so the prefill stops before the
+        prompt's last token; when the first step proposes nothing, the prefill takes that token too (as
+        generate()'s does) and its logits serve the first step, which then runs no forward of its own."""
+        call, target = self.call, self.target
+        if call.streamer is not None:
+            call.streamer.put(call.input_ids.cpu())
+        self.schedule.start(self.prompt_length, call.generation_config.max_length - self.prompt_length)
+        k = self.schedule.next()
+        with self.timer("prefill_s"):
+            target.rollback(self.prompt_length - 1)
+            if call.padding_mask is not None and target.length:  # a cache generate() was given: its padding
+                target.valid = call.padding_mask[:, : target.length].bool().to(target.device)
+            end = self.prompt_length if k == 0 else self.prompt_length - 1
+            if target.length < end:
+                valid = None if call.padding_mask is None else call.padding_mask[:, target.length : end].bool()
+                prefill = target.forward(call.input_ids[:, target.length : end], 1, valid=valid,
+                                         hidden_states=self.proposer.wants_hidden_states)
+                self.proposer.advance([0] * call.batch_size,
+                                      prefill.hidden[:, -1] if prefill.hidden is not None else None)
+                if end == self.prompt_length:
+                    self.prefilled = prefill
+        return k
+
+    def step(self, k: int) -> None:
+        """One verification step with up to k proposals per row."""
+        spent = (self.stats.propose_s, self.stats.verify_s)
+        with self.timer("propose_s"):
+            proposal = self.propose(k)
+        with self.timer("verify_s"):
+            block_start, output = self.verify(proposal)
+        kept, accepted = self.accept_and_commit(proposal, output.logits)
+        if self.call.batch_size > 1:
+            self.stats.k_per_step.append(proposal.k)
+        verify_s = None if block_start is None else self.stats.verify_s - spent[1]  # None: no forward was timed
+        self.schedule.observe(proposal.k, [a for a, path in zip(accepted, kept) if path],
+                              self.stats.propose_s - spent[0], verify_s, self.confidence)
+        self.roll_back(block_start, kept, accepted, output.hidden)
+
+    def propose(self, k: int) -> Proposal:
+        longest = max(row.shape[1] for row, done in zip(self.rows, self.finished) if not done)
+        return self.proposer.propose(self.rows, k, self.call.logits_processor, self.call.do_sample,
+                                     max_depth=max(self.call.generation_config.max_length - longest - 1, 0))
+
+    def verify(self, proposal: Proposal) -> tuple[int | None, ForwardOutput]:
+        """The target's forward over each row's root and proposals -> (the block's first cache index, or None
+        when the prefill scored this step; logits [batch, k + 1, vocab] and hidden [batch, k + 1, h] or None)."""
+        if self.prefilled is not None:
+            prefilled, self.prefilled = self.prefilled, None
+            return None, prefilled
+        roots = torch.cat([row[:, -1:] for row in self.rows])
+        block = torch.cat([roots, proposal.tokens], dim=-1)  # [batch, k + 1]
+        live = None if not any(self.finished) else torch.tensor([not done for done in self.finished]).unsqueeze(1)
+        tree = proposal.tree
+        block_start = self.target.length
+        output = self.target.forward(block, block.shape[1], valid=None if live is None else live.expand_as(block),
+                                     hidden_states=self.proposer.wants_hidden_states,
+                                     tree_mask=None if tree is None else tree.ancestor_mask,
+                                     tree_depths=None if tree is None else tree.depths)
+        return block_start, output
+
+    def accept_and_commit(self, proposal: Proposal, logits: torch.Tensor) -> tuple[list[list[int]], list[int]]:
+        """Each live row's rule picks its accepted path; the tokens are committed one by one. Returns each
+        row's kept block indices (root first; [] for a finished row) and its number of accepted proposals."""
+        call = self.call
+        kept, accepted_counts, self.confidence = [], [], []
+        for r in range(call.batch_size):
+            if self.finished[r]:
+                kept.append([])
+                accepted_counts.append(0)
+                continue
+            row = proposal.row(r)
+            scores = process_block(call.logits_processor, self.rows[r], row.tokens, proposal.parents, logits[r])
+            accepted, bonus = self.acceptance(row, scores)
+            path = [0, *accepted]  # the score row of each new token is its parent's block index
+            self.row_stats[r].record_step(_proposed_depth(row, accepted), len(accepted), proposal.k)
+            self.confidence.append(scores[path].softmax(-1).amax(-1).tolist())
+            new_tokens = torch.cat([row.tokens[0, [i - 1 for i in accepted]], bonus.view(1)])
+            self.rows[r], self.finished[r] = _commit(self.rows[r], new_tokens, scores[path], logits[r, path],
+                                                     call.stopping_criteria, self.recorder, call.streamer)
+            kept.append(path)
+            accepted_counts.append(len(accepted))
+        return kept, accepted_counts
+
+    def roll_back(self, block_start: int | None, kept: list[list[int]], accepted: list[int],
+                  hidden: torch.Tensor | None) -> None:
+        """Rejected entries leave the target's cache (``CachedModel.keep``) and the proposer's state; the
+        proposer hears each row's hidden state at the last token it kept."""
+        if block_start is not None:
+            self.target.keep(block_start, kept)
+        if hidden is not None:
+            last = torch.tensor([path[-1] if path else 0 for path in kept], device=hidden.device)
+            hidden = hidden[torch.arange(self.call.batch_size, device=hidden.device), last]
+        self.proposer.advance(accepted, hidden)
+
+    def output(self):
+        if self.call.streamer is not None:
+            self.call.streamer.end()
+        for row, row_stat in zip(self.rows, self.row_stats):
+            row_stat.new_tokens = row.shape[1] - self.prompt_length
+        if self.call.batch_size > 1:
+            self.stats.add_rows(self.row_stats)
+        self.stats.total_s = time.perf_counter() - self.start_time
+        _set_last_stats(self.stats)
+        cache = self.cache if self.call.batch_size == 1 else None
+        return self.recorder.build(_padded(self.rows, self.call.generation_config), cache, self.stats)
+
+
+def _padded(rows: list[torch.LongTensor], generation_config) -> torch.LongTensor:
+    """The rows as one tensor, right-padded with the pad token as generate() pads rows that finished early."""
+    if len(rows) == 1:
+        return rows[0]
+    pad = generation_config.pad_token_id
+    if pad is None:
+        eos = generation_config.eos_token_id
+        pad = (eos[0] if isinstance(eos, (list, tuple)) else eos) if eos is not None else 0
+    width = max(row.shape[1] for row in rows)
+    return torch.cat([torch.nn.functional.pad(row, (0, width - row.shape[1]), value=int(pad)) for row in rows])
+
+
+def _proposed_depth(proposal: Proposal, accepted: list[int]) -> int:
+    """Proposed tokens in vLLM's sense: k for a chain; for a tree, the depth along the chosen path
+    (the deepest leaf below the last accepted node)."""
+    if proposal.tree is None:
+        return proposal.k
+    tree = proposal.tree
+    below = accepted[-1] if accepted else 0
+    leaves = tree.retrieve[(tree.retrieve == below).any(1)] if below else tree.retrieve
+    return int((leaves >= 0).sum(1).max())
+
+
+def _commit(sequence, new_tokens, scores, logits, stopping_criteria, recorder, streamer):
+    """Append ``new_tokens`` [n] one at a time, stopping exactly where plain generate() would.
+
+    scores, logits: [n, vocab], row j scoring new token j. Returns (sequence [1, S'], finished).
+    """
+    committed = sequence.shape[1]
+    candidate = torch.cat([sequence, new_tokens.unsqueeze(0)], dim=-1)
+    finished = False
+    kept = len(new_tokens)
+    for j in range(len(new_tokens)):
+        recorder.record(scores[j : j + 1], logits[j : j + 1].float())
+        # like generate(), the criteria see the sequence so far and the scores of its last token
+        if bool(stopping_criteria(candidate[:, : committed + j + 1], scores[j : j + 1]).any()):
+            finished, kept = True, j + 1
+            break
+    if streamer is not None:
+        streamer.put(new_tokens[:kept].cpu())
+    return candidate[:, : committed + kept], finished
