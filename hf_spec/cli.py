@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hf-spec`` parser and its subcommands (tests parse every command in the docs with it)."""
     parser = argparse.ArgumentParser(prog="hf-spec", description="Lossless speculative decoding for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63), \"auto\", a JSON list of paths or a .json file of one (train-medusa writes tree.json)")
     bench.add_argument("--modes", default="vanilla,assisted,draft", help="any of vanilla, assisted, draft, auto, stepwise, medusa")
     bench.add_argument("--k", default="3,5,8", help="speculative tokens, comma-separated")
-    bench.add_argument("--questions", help="Spec-Bench jsonl (default: ../shared/data/spec_bench_questions.jsonl)")
+    bench.add_argument("--questions", help="prompts jsonl or text file (default: the Spec-Bench questions shipped "
+                                           "with hf-spec)")
     bench.add_argument("--per-category", type=int, help="the first N questions of each category")
     bench.add_argument("--limit", type=int, help="at most this many questions")
     bench.add_argument("--max-new-tokens", type=int, default=64)
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--model", required=True, help="base model (Hub id or path)")
     train.add_argument("--output", required=True, help="folder for the heads, checkpoint, cache and evaluation")
     train.add_argument("--data", help="prompts: Spec-Bench style jsonl, jsonl with text/prompt, or a text file "
-                                      "(default: ../shared/data/spec_bench_questions.jsonl)")
+                                      "(default: the Spec-Bench questions shipped with hf-spec)")
     train.add_argument("--num-heads", type=int, default=4)
     train.add_argument("--num-layers", type=int, default=1)
     train.add_argument("--own-lm-heads", action="store_true",
@@ -107,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--tokens", type=int, default=2000)
     simulate.add_argument("--seeds", type=int, default=1, help="also auto's worst run over this many seeds")
 
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "train-medusa":
         from .training.medusa import TrainConfig, train_medusa
