@@ -35,7 +35,7 @@ def test_spec_bench_default_has_13_categories():
     assert len(prompts) in (13, 4)  # 13 with ../shared/data present, else the built-in prompts
 
 
-COSTS = Costs(target_step={1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}, draft_step={1: 0.1, 2: 0.15},
+COSTS = Costs(verify={1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}, draft={1: 0.1, 2: 0.15},
               target_prefill=2.0, draft_prefill=0.5)
 
 
@@ -111,7 +111,7 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert overall["draft@2"]["equal_to_vanilla"] == 1.0 and overall["assisted@2"]["equal_to_vanilla"] == 1.0
     assert {"tokens_per_s", "speedup", "acceptance_rate", "tokens_per_step", "decode_tokens_per_s",
             "overhead_share", "predicted_speedup"} <= set(overall["draft@2"])
-    assert set(report["costs"]["target_step"]) == {"1", "2", "3", "9"}  # 1, 2, k + 1, tree nodes + 1
+    assert set(report["costs"]["verify"]) == {"1", "2", "3", "9"}  # 1, 2, k + 1, tree nodes + 1
     assert overall["medusa"]["equal_to_vanilla"] == 1.0 and overall["medusa"]["predicted_speedup"] > 0
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert any("noise floor" in line for line in lines)

@@ -7,7 +7,7 @@ from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.accuracy import HeadAccuracy
 from hf_spec.medusa.proposer import MedusaProposer
 from hf_spec.engine.auto import AutoTree
-from hf_spec.engine.costs import CostEstimates
+from hf_spec.engine.costs import Costs
 from hf_spec.testing import oracle_head_logits
 from hf_spec.engine.trees import MC_SIM_7B_63, prefix_closed_order
 
@@ -53,14 +53,14 @@ def test_prefix_closed_order():
     ([0.6, 0.4, 0.3, 0.2], GPU_FLAT, "all"),  # good heads, flat cost: the whole tree
 ])
 def test_tree_size_follows_costs_and_accuracy(top10, curve, expect):
-    costs = CostEstimates(verify=dict(curve), propose_step=0.0005)
+    costs = Costs(verify=dict(curve), propose_step=0.0005)
     auto = AutoTree(costs, accuracy_with(top10), MC_SIM_7B_63)
     n = auto.next()
     assert {"plain": n == 0, "small": 0 < n < 32, "all": n == 63}[expect], n
 
 
 def test_probes_back_off_while_plain_decoding_wins():
-    costs = CostEstimates(verify=dict(CPU_SMALL), propose_step=0.0005)
+    costs = Costs(verify=dict(CPU_SMALL), propose_step=0.0005)
     auto = AutoTree(costs, accuracy_with([0.05, 0.02, 0.01, 0.01]), MC_SIM_7B_63)
     choices = [auto.next() for _ in range(100)]
     probes = [i for i, n in enumerate(choices) if n > 0]
@@ -68,7 +68,7 @@ def test_probes_back_off_while_plain_decoding_wins():
 
 
 def test_startup_measures_plain_then_the_whole_tree():
-    auto = AutoTree(CostEstimates(), HeadAccuracy(4), MC_SIM_7B_63)
+    auto = AutoTree(Costs(), HeadAccuracy(4), MC_SIM_7B_63)
     assert auto.next() == 0
     auto.observe(0, [0], 0.0, 0.01, [[0.5]])
     assert auto.next() == 63

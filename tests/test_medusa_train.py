@@ -87,7 +87,7 @@ def test_shared_lm_head_loss_falls(small_model, successor_data, bf16):
                                                          warmup_steps=5, soft_targets=0.5, bf16=bf16), progress=False)
     assert sum(e["loss"] for e in log[-5:]) / 5 < 0.8 * log[0]["loss"]
     assert small_model.get_output_embeddings().weight.grad is None  # the base model stays frozen
-    assert heads._base_lm_head == [small_model.get_output_embeddings()]  # a bf16 run's bfloat16 copy is gone
+    assert heads.base_lm_head is small_model.get_output_embeddings()  # a bf16 run's bfloat16 copy is gone
 
 
 def test_resume_continues_from_the_saved_step(small_model, successor_data, tmp_path):

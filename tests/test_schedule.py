@@ -4,7 +4,7 @@ import torch
 
 import hf_spec
 from hf_spec.engine.auto import AutoLength, ConfidenceCalibration
-from hf_spec.engine.costs import CostEstimates
+from hf_spec.engine.costs import Costs
 from hf_spec.engine.schedule import StepwiseLength
 
 # measured on this CPU (GUIDE 6 and the bench): verifying w tokens of the 1.5B, the 0.5B draft per token
@@ -18,7 +18,7 @@ def settled_record():
 
 
 def auto_with(verify, draft_token, acceptance, max_k=8, catch_up_token=0.01, realised=None):
-    costs = CostEstimates(verify=dict(verify), draft_token=draft_token, catch_up_token=catch_up_token)
+    costs = Costs(verify=dict(verify), draft={1: draft_token}, catch_up_token=catch_up_token)
     auto = AutoLength(costs, ConfidenceCalibration(), max_k=max_k, realised=realised or settled_record())
     auto.start(prompt_length=1, max_new_tokens=1000)  # nothing to catch up on
     auto.acceptance = acceptance
@@ -45,10 +45,10 @@ def test_expected_rate_worked_example():
 
 
 def test_verify_cost_interpolation():
-    costs = CostEstimates(verify={1: 1.0, 5: 3.0})
+    costs = Costs(verify={1: 1.0, 5: 3.0})
     assert costs.verify_cost(3) == pytest.approx(2.0)
     assert costs.verify_cost(7) == pytest.approx(3.0)  # beyond the measured widths: flat, so it gets tried
-    assert CostEstimates(verify={1: 1.0}).verify_cost(4) == 1.0
+    assert Costs(verify={1: 1.0}).verify_cost(4) == 1.0
 
 
 def test_calibration_starts_at_each_bins_middle_and_learns():
@@ -120,7 +120,7 @@ def test_a_short_record_is_taken_optimistically():
 
 
 def test_startup_measures_plain_then_the_drafts_costs_once():
-    auto = AutoLength(CostEstimates(), ConfidenceCalibration(), realised=settled_record())
+    auto = AutoLength(Costs(), ConfidenceCalibration(), realised=settled_record())
     auto.start(prompt_length=101, max_new_tokens=100)
     assert auto.next() == 0
     auto.observe(0, [0], 0.0, 0.4, [[0.5]])
@@ -194,7 +194,7 @@ def test_a_plain_first_step_is_scored_by_the_prefill_and_times_nothing(target, d
         hook.remove()
     stats = hf_spec.last_stats()
     assert stats.k_per_step[0] == 0 and len(calls) == stats.steps  # the prefill, then one forward per later step
-    auto = AutoLength(CostEstimates(), ConfidenceCalibration())
+    auto = AutoLength(Costs(), ConfidenceCalibration())
     auto.observe(0, [0], 0.0, None, [[0.5]])
     assert auto.costs.verify == {} and auto.next() == 0  # plain decoding is still to be measured
 

@@ -10,8 +10,8 @@ def calibrate(target, draft, prompt_length: int, new_tokens: int, widths: list[i
     ``widths``: the verification widths to time besides 1 and 2 (k + 1 for chains, n + 1 for trees)."""
     context = prompt_length + new_tokens // 2
     return Costs(
-        target_step={w: forward_seconds(target, context, w, repeats) for w in sorted({1, 2, *widths})},
-        draft_step={w: forward_seconds(draft, context, w, repeats) for w in (1, 2)} if draft is not None else {},
+        verify={w: forward_seconds(target, context, w, repeats) for w in sorted({1, 2, *widths})},
+        draft={w: forward_seconds(draft, context, w, repeats) for w in (1, 2)} if draft is not None else {},
         target_prefill=forward_seconds(target, 0, prompt_length, repeats=1),
         draft_prefill=forward_seconds(draft, 0, prompt_length, repeats=1) if draft is not None else 0.0,
     )

@@ -119,8 +119,8 @@ def format_report(rows: list[dict], costs: Costs | None) -> str:
         parts.append(FORMULA)
         if any(r["mode"] == "medusa" for r in rows):
             parts.append(TREE_FORMULA)
-        parts.append("costs (s): c_t " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.target_step.items())
-                     + "; c_d " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.draft_step.items())
+        parts.append("costs (s): c_t " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.verify.items())
+                     + "; c_d " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.draft.items())
                      + f"; prefill target {costs.target_prefill:.3f}, draft {costs.draft_prefill:.3f}")
     parts.append("\nper category (speedup vs vanilla in that category / acceptance):")
     categories = list(dict.fromkeys(r["category"] for r in rows if r["category"] != "all"))

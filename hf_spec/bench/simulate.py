@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from ..engine.auto import AutoLength, ConfidenceCalibration
-from ..engine.costs import CostEstimates
+from ..engine.costs import Costs
 from ..engine.schedule import FixedLength, StepwiseLength
 
 # Measured: the CPU curve is the 1.5B target and 0.5B draft on this machine (fp32; hf-spec bench calibration
@@ -32,7 +32,7 @@ CATCH_UP_SHARE = 0.1  # the draft's time per skipped token, as a share of its ti
 def simulate(schedule, verify: dict[int, float], draft_token: float, alpha: float, tokens: int = 2000,
              seed: int = 0) -> tuple[float, dict[int, int]]:
     """Tokens per second and the histogram of k over a run of ``tokens`` tokens."""
-    costs = CostEstimates(verify=dict(verify))
+    costs = Costs(verify=dict(verify))
     rng = random.Random(seed)
     produced, seconds, histogram = 0, 0.0, {}
     behind = PROMPT_LENGTH
@@ -62,7 +62,7 @@ def compare(curve: str, alphas=(0.2, 0.5, 0.8, 0.95), max_k: int = 8, tokens: in
     for alpha in alphas:
         fixed = {k: simulate(FixedLength(k), verify, draft_token, alpha, tokens)[0] for k in range(max_k + 1)}
         best_k = max(fixed, key=fixed.get)
-        autos = [simulate(AutoLength(CostEstimates(), ConfidenceCalibration(), max_k=max_k), verify, draft_token,
+        autos = [simulate(AutoLength(Costs(), ConfidenceCalibration(), max_k=max_k), verify, draft_token,
                           alpha, tokens, seed) for seed in range(seeds)]
         (auto, histogram), worst = autos[0], min(rate for rate, _ in autos)
         stepwise, _ = simulate(StepwiseLength(), verify, draft_token, alpha, tokens)

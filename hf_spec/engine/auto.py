@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from .costs import CostEstimates, best_tree_size, expected_tokens_per_step
+from .costs import Costs, best_tree_size, expected_tokens_per_step
 from .schedule import Schedule
 
 
@@ -94,7 +94,7 @@ class AutoLength(Schedule):
     to pay over; first_k: the length of the steps that measure the draft's costs, once per pair.
     """
 
-    def __init__(self, costs: CostEstimates, calibration: ConfidenceCalibration, max_k: int = 8,
+    def __init__(self, costs: Costs, calibration: ConfidenceCalibration, max_k: int = 8,
                  draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
                  max_horizon: int = 64, first_k: int = 3, realised: ConfidenceCalibration | None = None):
         self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
@@ -163,13 +163,13 @@ class AutoLength(Schedule):
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
-        self.costs.update_verify(k + 1, verify_s)
+        self.costs.observe_verify(k + 1, verify_s)
         if k > 0:
             if self.behind > 1:  # the draft also fed the tokens it had skipped: a prefill, not k proposals
                 catch_up = propose_s - k * self.draft_token_cost()
-                self.costs.update_catch_up(max(catch_up, 0.0) / (self.behind - 1))
+                self.costs.observe_catch_up(max(catch_up, 0.0) / (self.behind - 1))
             else:
-                self.costs.update_draft(propose_s / k)
+                self.costs.observe_draft_token(propose_s / k)
             for row_accepted, row_confidence in zip(accepted, confidence):
                 for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
                     self.calibration.update(row_confidence[i], i < row_accepted)
@@ -194,7 +194,7 @@ class AutoTree(Schedule):
     plain steps (back to 8 when one pays) keeps the accuracy estimate current.
     """
 
-    def __init__(self, costs: CostEstimates, accuracy, paths: list[tuple[int, ...]], probe_every: int = 8,
+    def __init__(self, costs: Costs, accuracy, paths: list[tuple[int, ...]], probe_every: int = 8,
                  max_probe_every: int = 128):
         self.costs, self.accuracy, self.paths = costs, accuracy, list(paths)
         self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
@@ -220,6 +220,6 @@ class AutoTree(Schedule):
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
-        self.costs.update_verify(k + 1, verify_s)
+        self.costs.observe_verify(k + 1, verify_s)
         if k > 0:
-            self.costs.update_propose_step(propose_s)
+            self.costs.observe_propose_step(propose_s)

@@ -4,14 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .auto import ConfidenceCalibration
-from .costs import CostEstimates
+from .costs import Costs
 
 
 @dataclass
 class PairMemory:
     """What "auto" keeps for one (target, draft or Medusa heads) pair on one device and dtype, across calls."""
 
-    costs: CostEstimates = field(default_factory=CostEstimates)
+    costs: Costs = field(default_factory=Costs)
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy

@@ -71,6 +71,15 @@ class MedusaHeads(nn.Module):
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
 
+    @property
+    def base_lm_head(self) -> nn.Module | None:
+        """Shared layout: the base model's lm_head every head ends in (not in the state dict); else None."""
+        return self._base_lm_head[0] if self._base_lm_head else None
+
+    @base_lm_head.setter
+    def base_lm_head(self, lm_head: nn.Module | None) -> None:
+        self._base_lm_head[:] = [] if lm_head is None else [lm_head]
+
     def attach(self, model) -> "MedusaHeads":
         """Shared layout: use ``model``'s lm_head as every head's final layer (checked to fit)."""
         check_fits(self.hidden_size, self.vocab_size, model)

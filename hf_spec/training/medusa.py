@@ -147,10 +147,10 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
     ``max_steps`` stops early (for tests and budgets). ``base_lm_head``: the base model's, for
     ``config.soft_targets`` (default: the one shared-layout heads are attached to)."""
     device = next(heads.parameters()).device
-    for lm_head in heads._base_lm_head:  # the base model stays frozen
-        lm_head.requires_grad_(False)
+    if heads.base_lm_head is not None:  # the base model stays frozen
+        heads.base_lm_head.requires_grad_(False)
     if config.soft_targets or config.greedy_targets:
-        base_lm_head = base_lm_head or (heads._base_lm_head[0] if heads._base_lm_head else None)
+        base_lm_head = base_lm_head or heads.base_lm_head
         if base_lm_head is None:
             raise ValueError("soft_targets and greedy_targets need the base model's lm_head: pass base_lm_head=.")
     if config.greedy_targets:
@@ -216,18 +216,18 @@ def _bfloat16_lm_heads(heads: MedusaHeads, base_lm_head: nn.Module | None):
     """For a bf16 run: the frozen lm_heads (the one shared-layout heads use, the soft targets' teacher) cast to
     bfloat16 once, not by autocast at every use (it caches casts of trained weights only: 113 MB a cast on
     SmolLM2, eight a step); yields the teacher's cast and restores the heads' lm_head after."""
-    shared, casts = list(heads._base_lm_head), {}
+    shared, casts = heads.base_lm_head, {}
 
-    def cast(module: nn.Module) -> nn.Module:
-        if id(module) not in casts:
+    def cast(module: nn.Module | None) -> nn.Module | None:
+        if module is not None and id(module) not in casts:
             casts[id(module)] = copy.deepcopy(module).to(torch.bfloat16)
-        return casts[id(module)]
+        return None if module is None else casts[id(module)]
 
-    heads._base_lm_head[:] = [cast(module) for module in shared]
+    heads.base_lm_head = cast(shared)
     try:
-        yield cast(base_lm_head) if base_lm_head is not None else None
+        yield cast(base_lm_head)
     finally:
-        heads._base_lm_head[:] = shared
+        heads.base_lm_head = shared
 
 
 def _spread(items: list, count: int) -> list:

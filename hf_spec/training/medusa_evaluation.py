@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.costs import CostEstimates, best_tree_size, tree_rate
+from ..engine.costs import Costs, best_tree_size, tree_rate
 from ..engine.timing import forward_seconds, median_seconds
 from ..engine.trees import MC_SIM_7B_63, NAMED_TREES, build_tree_buffers, prefix_closed_order
 from ..medusa.accuracy import HeadAccuracy
@@ -98,7 +98,7 @@ def heads_seconds(heads: MedusaHeads, repeats: int = 5, num_heads: int | None = 
 
 
 def measure_costs(model, heads: MedusaHeads, context: int, paths: list[tuple[int, ...]],
-                  sizes=(1, 2, 4, 8, 16, 32, 64)) -> tuple[CostEstimates, list[float]]:
+                  sizes=(1, 2, 4, 8, 16, 32, 64)) -> tuple[Costs, list[float]]:
     """V(n + 1) for prefixes of n nodes of ``paths`` (verified as trees, with their attention masks: what a
     step costs), on a cache warm with ``context`` tokens, V(1) (plain decoding) and H (every head); and H for
     each prefix size n = 0..len(paths): the time of the heads its depth reaches, all a fixed tree runs."""
@@ -107,7 +107,7 @@ def measure_costs(model, heads: MedusaHeads, context: int, paths: list[tuple[int
         verify[n + 1] = forward_seconds(model, context, n + 1, tree=build_tree_buffers(paths[:n]))
     by_depth = [0.0] + [heads_seconds(heads, num_heads=d) for d in range(1, heads.num_heads + 1)]
     depths = [0, *torch.tensor([len(p) for p in paths]).cummax(0).values.tolist()]
-    return CostEstimates(verify=verify, propose_step=by_depth[-1]), [by_depth[d] for d in depths]
+    return Costs(verify=verify, propose_step=by_depth[-1]), [by_depth[d] for d in depths]
 
 
 @dataclass
@@ -115,7 +115,7 @@ class Evaluation:
     accuracy: HeadAccuracy
     paths: list[tuple[int, ...]] = field(default_factory=lambda: list(MC_SIM_7B_63))
     replayed: list[float] = field(default_factory=list)  # E(n) by prefix size, replayed
-    costs: CostEstimates | None = None
+    costs: Costs | None = None
     heads_by_size: list[float] | None = None  # H for each prefix size: the heads its depth reaches
     chosen_size: int | None = None
 
