@@ -211,6 +211,13 @@ def test_check_rollback_refuses_a_static_cache(target):
         check_rollback_supported(cache, "strategy='medusa'")
 
 
+def test_check_rollback_refuses_a_cache_that_is_not_a_dynamic_cache():
+    """Full-attention DynamicLayers are not enough: the cache itself must be a DynamicCache."""
+    cache = cache_utils.Cache(layers=[cache_utils.DynamicLayer(), cache_utils.DynamicLayer()])
+    with pytest.raises(ValueError, match=r"Got Cache \(DynamicLayer\)"):
+        check_rollback_supported(cache, "strategy='draft'")
+
+
 # ---- CachedModel: one row -----------------------------------------------------------------------------------
 
 
@@ -361,6 +368,30 @@ def test_unpadded_batch_uneven_keep_makes_a_mask(target):
     out = model.forward(following, 1)
     for r, count in enumerate([4, 5]):
         sequence = torch.cat([ids[r:r + 1, :count], following[r:r + 1]], dim=1)
+        close(out.logits[r, -1], plain_logits(target, sequence)[0, -1])
+
+
+def test_rows_that_fed_fewer_tokens_keep_their_holes(target):
+    """A row that fed fewer tokens than the others (valid False at the block's end) keeps that entry invalid
+    even when it keeps the index; a row keeping fewer than the widest gets a hole; a finished row (nothing valid,
+    keeps nothing) is all holes. The next token still matches the plain model in every live row."""
+    ids = torch.cat([tokens(4, seed=100 + r) for r in range(3)])
+    model = CachedModel(target, new_cache(target), batch_size=3)
+    model.forward(ids)
+    block = torch.cat([tokens(3, seed=110 + r) for r in range(3)])
+    fed = torch.tensor([[True, True, True], [True, True, False], [False, False, False]])
+    out = model.forward(block, 3, valid=fed)
+    for r, count in enumerate([3, 2]):
+        expected = plain_logits(target, torch.cat([ids[r:r + 1], block[r:r + 1, :count]], dim=1))[0, -count:]
+        close(out.logits[r, :count], expected)
+    model.keep(4, [[0, 1], [0, 1, 2], []])
+    assert model.length == 4 + 3
+    assert model.valid.tolist() == [[True] * 6 + [False], [True] * 6 + [False], [True] * 4 + [False] * 3]
+    following = torch.cat([tokens(1, seed=120 + r) for r in range(3)])
+    out = model.forward(following, 1)
+    kept = [block[0:1, :2], block[1:2, :2], block[2:3, :0]]
+    for r in range(3):
+        sequence = torch.cat([ids[r:r + 1], kept[r], following[r:r + 1]], dim=1)
         close(out.logits[r, -1], plain_logits(target, sequence)[0, -1])
 
 

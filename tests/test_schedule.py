@@ -1,8 +1,11 @@
 """Choosing k: the decision logic on given costs and acceptance (no timings), and auto/stepwise end to end."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import hf_spec
+import hf_spec.engine.stats
 from hf_spec.engine.auto import AutoLength, ConfidenceCalibration
 from hf_spec.engine.costs import Costs
 from hf_spec.engine.schedule import StepwiseLength
@@ -171,7 +174,23 @@ def test_adaptive_lengths_keep_greedy_output(target, drafts, prompt, mode, kind)
         assert stats.k_per_step[:3] == [3, 4, 5]
 
 
-def test_auto_decodes_plainly_with_a_draft_that_is_never_right_and_leaves_it_idle(target, drafts, prompt):
+@pytest.fixture
+def fake_clock(monkeypatch, target, drafts):
+    """Step times set by the test, not by the machine: a target forward takes 1 s, a draft forward 0.3 s."""
+    now = [0.0]
+
+    def advance(seconds):
+        return lambda *_: now.__setitem__(0, now[0] + seconds)
+
+    monkeypatch.setattr(hf_spec.engine.stats, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    hooks = [target.register_forward_hook(advance(1.0)), drafts["never"].register_forward_hook(advance(0.3))]
+    yield
+    for hook in hooks:
+        hook.remove()
+
+
+def test_auto_decodes_plainly_with_a_draft_that_is_never_right_and_leaves_it_idle(target, drafts, prompt,
+                                                                                   fake_clock):
     calls = []
     hook = drafts["never"].register_forward_hook(lambda *_: calls.append(1))
     try:

@@ -1,9 +1,10 @@
-"""Train Medusa heads on a frozen base model: ``hf_spec.medusa.train.train_heads`` and ``hf-spec train-medusa``.
+"""Train Medusa heads on a frozen base model: ``train_medusa``, ``hf-spec train-medusa`` (``train_heads``: the
+training loop on cached hidden states).
 
     hf-spec train-medusa --model $HF_SPEC_MODELS/smollm2-135m-instruct --output heads/smollm2
 
 1. prompts (Spec-Bench questions by default) split by question id into training and evaluation sets;
-2. self-distillation: the base model continues every prompt (``hf_spec.medusa.data``);
+2. self-distillation: the base model continues every prompt (``hf_spec.training.data``);
 3. its last hidden states, as generation computed them, are cached in ``OUTPUT/cache/``;
 4. the heads train on the cached states: loss = sum_i decay^i x cross-entropy of head i (head i predicts
    token t + i + 2), against the token, or (``soft_targets`` > 0) partly against the base model's own
@@ -11,7 +12,7 @@
    ``OUTPUT/checkpoint.pt`` every ``checkpoint_every`` steps and at the end (``--resume`` continues from the
    step saved, on the same shuffled order);
 5. the heads are saved in the Medusa-1 layout (the shared-lm_head layout by default: ResBlocks only), then
-   evaluated on the held-out prompts (``hf_spec.medusa.evaluate``).
+   evaluated on the held-out prompts (``hf_spec.training.medusa_evaluation``).
 """
 from __future__ import annotations
 
