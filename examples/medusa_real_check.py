@@ -5,6 +5,7 @@ gather on a real model, not speed. The oracle knows the target's greedy continua
 true token at fixed per-head ranks, so most of each path is accepted.
 
     python examples/medusa_real_check.py --target $HF_SPEC_MODELS/qwen2.5-coder-1.5b-instruct --questions 3 --max-new-tokens 32
+    python examples/medusa_real_check.py --tiny --questions 1 --max-new-tokens 8   # tiny offline model (the tests)
 """
 import argparse
 import os
@@ -13,10 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_spec
-from hf_spec.prompts import encode, load_prompts
 from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.proposer import MedusaProposer
-from hf_spec.testing import oracle_head_logits
+from hf_spec.prompts import encode, load_prompts
+from hf_spec.testing import char_tokenizer, oracle_head_logits, tiny_causal_lm
 
 models = os.environ.get("HF_SPEC_MODELS", os.path.expanduser("~/.cache/hf-spec-models"))
 parser = argparse.ArgumentParser()
@@ -25,10 +26,14 @@ parser.add_argument("--questions", type=int, default=3)
 parser.add_argument("--max-new-tokens", type=int, default=32)
 parser.add_argument("--tree", default="mc_sim_7b_63")
 parser.add_argument("--oracle-ranks", default="0,1,1,0,0", help="per-head rank of the true token")
+parser.add_argument("--tiny", action="store_true", help="a tiny random-weight model built in code (offline)")
 args = parser.parse_args()
 
-tokenizer = AutoTokenizer.from_pretrained(args.target)
-model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+if args.tiny:
+    tokenizer, model = char_tokenizer(), tiny_causal_lm("llama")
+else:
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
 torch.manual_seed(0)
 heads = MedusaHeads.for_model(model, num_heads=5)
 original_head_logits = MedusaProposer.head_logits

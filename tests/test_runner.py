@@ -465,3 +465,18 @@ def test_padding_mask_of():
     assert padding_mask_of({"attention_mask": mask}) is mask
     with pytest.raises(ValueError, match="must be 2D"):
         padding_mask_of({"attention_mask": torch.zeros(1, 1, 3, 3)})
+    with pytest.raises(ValueError, match="must be 2D"):
+        padding_mask_of({"attention_mask": torch.ones(1, 1, 3, 3)})  # all ones, still the wrong shape
+    with pytest.raises(ValueError, match="pad on the left"):
+        padding_mask_of({"attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]])})  # right padding
+
+
+def test_an_integer_valid_mask_works_like_a_boolean_one(target):
+    """0/1 masks are stored as booleans, so a later tree block can use them."""
+    model = CachedModel(target, new_cache(target), batch_size=2)
+    model.forward(torch.tensor([[5, 6, 7], [8, 9, 10]]), 1, valid=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    assert model.valid.dtype == torch.bool and model.valid.tolist() == [[False, True, True], [True, True, True]]
+    buffers = build_tree_buffers([(0,), (1,), (0, 0)])
+    out = model.forward(torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), 0, tree_mask=buffers.ancestor_mask,
+                        tree_depths=buffers.depths)
+    assert out.logits.shape[:2] == (2, 4)

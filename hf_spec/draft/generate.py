@@ -16,24 +16,11 @@ from .loading import resolve_draft
 from .proposer import DraftModelProposer
 
 
-def generate(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
-    draft_model=None,
-    num_speculative_tokens: int | str = 5,
-    draft_quantization=None,
-    cache_costs: bool = True,
-    token_streamer=None,
-    stop_strings=None,
-    target_tokenizer=None,
-    draft_tokenizer=None,
-    revision: str | None = None,
-    token=None,
-    **model_kwargs,
-):
+def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
+             stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
+             draft_model=None, num_speculative_tokens: int | str = 5, draft_quantization=None,
+             cache_costs: bool = True, token_streamer=None, stop_strings=None, target_tokenizer=None,
+             draft_tokenizer=None, revision: str | None = None, token=None, **model_kwargs):
     """Speculative decoding with a draft model, for ``model.generate(custom_generate=...)``.
 
     draft_model: a model object, a Hub id or a local path sharing the target's tokenizer.
@@ -57,7 +44,8 @@ def generate(
                                                                cache_costs))
 
 
-def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = False, cache_costs: bool = True) -> Schedule:
+def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = False,
+                   cache_costs: bool = True) -> Schedule:
     """The schedule of k for ``num_speculative_tokens`` (checked by ``check_num_speculative_tokens``): an int
     >= 1, "stepwise" or "auto" (costs and calibrations kept for this pair unless ``cache_costs=False``)."""
     if num_speculative_tokens == "auto":

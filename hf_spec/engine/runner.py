@@ -20,10 +20,16 @@ def takes_logits_to_keep(model_class: type) -> bool:
 def padding_mask_of(model_kwargs: dict) -> torch.Tensor | None:
     """The prompts' 2D attention mask [batch, prompt_len], or None when nothing is padded."""
     mask = model_kwargs.get("attention_mask")
-    if mask is None or bool(mask.all()):
+    if mask is None:
         return None
     if mask.dim() != 2:
         raise ValueError(f"attention_mask must be 2D [batch, prompt_len]; got shape {tuple(mask.shape)}.")
+    if bool(mask.all()):
+        return None
+    if not bool(mask[:, -1].all()):
+        raise ValueError("The prompts are right-padded (attention_mask ends in 0 in some row): decoder-only "
+                         "models generate after the last token, so pad on the left (tokenizer.padding_side = "
+                         "'left').")
     return mask
 
 
@@ -66,7 +72,7 @@ class CachedModel:
 
     @valid.setter
     def valid(self, value: torch.BoolTensor | None) -> None:
-        self._valid = None if value is None or bool(value.all()) else value
+        self._valid = None if value is None or bool(value.all()) else value.bool()
 
     def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0, valid: torch.BoolTensor | None = None,
                 tree_mask: torch.BoolTensor | None = None, tree_depths: torch.LongTensor | None = None,
@@ -77,7 +83,7 @@ class CachedModel:
         tree_depths [n] make the block a tree."""
         tokens = tokens.to(self.device)
         n = tokens.shape[1]
-        valid = None if valid is None or bool(valid.all()) else valid.to(self.device)
+        valid = None if valid is None or bool(valid.all()) else valid.to(self.device, torch.bool)
         masked = self._valid is not None or valid is not None
         past, block = self._past_and_block(n, valid) if masked or tree_mask is not None else (None, None)
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
@@ -103,6 +109,8 @@ class CachedModel:
     def keep(self, block_start: int, kept: list[list[int]]) -> None:
         """Keep the entries before ``block_start``, then, in row r, the block entries ``block_start + i`` for i in
         ``kept[r]`` (ascending), moved to follow them; rows that keep fewer than the most get holes after theirs.
+        Only a tree's entries may skip block indices: in a chain, each entry saw every entry before it, so a
+        chain row keeps a prefix of its block (e.g. [0, 1], never [0, 2]).
 
         e.g. one row, block_start 9, kept [[0, 1, 3]]: entry 12 moves to 11, then the cache is cropped to 12."""
         width = max(len(k) for k in kept)

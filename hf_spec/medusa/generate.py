@@ -29,36 +29,23 @@ def resolve_heads(medusa_heads, model, revision=None, token=None) -> MedusaHeads
     raise TypeError(f"medusa_heads must be a Hub id, a path or MedusaHeads; got {type(medusa_heads).__name__}.")
 
 
-def generate(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
-    medusa_heads=None,
-    tree=None,
-    cache_costs: bool = True,
-    acceptance: str = "exact",
-    posterior_threshold: float = 0.09,
-    posterior_alpha: float = 0.3,
-    tree_verifier: str = "auto",
-    revision: str | None = None,
-    token=None,
-    token_streamer=None,
-    stop_strings=None,
-    target_tokenizer=None,
-    **model_kwargs,
-):
+def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
+             stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
+             medusa_heads=None, tree=None, cache_costs: bool = True, acceptance: str = "exact",
+             posterior_threshold: float = 0.09, posterior_alpha: float = 0.3, tree_verifier: str = "auto",
+             revision: str | None = None, token=None, token_streamer=None, stop_strings=None, target_tokenizer=None,
+             **model_kwargs):
     """Medusa decoding for ``model.generate(custom_generate=...)``.
 
     medusa_heads: Hub id, local folder (Medusa-1 or Medusa-2 layout) or MedusaHeads; revision/token go to
-    huggingface_hub. tree: a name from ``hf_spec.engine.trees.NAMED_TREES`` (default: upstream's 63-node tree), a
-    list of paths of per-head top-k ranks, or "auto": each step verifies the prefix of the default tree (0
+    huggingface_hub. tree: a name from ``hf_spec.engine.trees.NAMED_TREES`` (default: upstream's 63-node tree),
+    a list of paths of per-head top-k ranks, or "auto": each step verifies the prefix of the default tree (0
     nodes = plain decoding) that the measured verify costs and head accuracies say is fastest
-    (``hf_spec.engine.auto.AutoTree``; ``cache_costs=False`` forgets what earlier calls measured). acceptance: "exact" (greedy match; lossless sampling) or
-    "typical" (Medusa's lossy rule with posterior_threshold and posterior_alpha; sampling only).
-    tree_verifier: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
-    token_streamer, target_tokenizer: what generate() calls streamer and tokenizer (see ``hf_spec.draft.generate``).
+    (``hf_spec.engine.auto.AutoTree``; ``cache_costs=False`` forgets what earlier calls measured).
+    acceptance: "exact" (greedy match; lossless sampling) or "typical" (Medusa's lossy rule with
+    posterior_threshold and posterior_alpha; sampling only). tree_verifier: "auto" (Triton kernels on CUDA,
+    the torch reference elsewhere), "triton" or "torch". token_streamer, target_tokenizer: what generate()
+    calls streamer and tokenizer (see ``hf_spec.draft.generate``).
     """
     call = DecodingCall.of("medusa", model, input_ids, logits_processor, stopping_criteria, generation_config,
                            token_streamer=token_streamer, stop_strings=stop_strings,
