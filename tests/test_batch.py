@@ -112,32 +112,48 @@ def test_batch_refusals(target, drafts, batch):
 
 # --- sampling: every row follows its own prompt's distribution ---
 
+def allowed_by_row(batch_id, input_ids):
+    """A batch-dependent constraint (prefix_allowed_tokens_fn): each row its own tokens of a vocabulary of 6."""
+    return [(0, 1, 4, 5), (1, 3, 4, 5), (0, 1, 3, 5)][batch_id]
+
+
+SAMPLING = {  # every warper, and the processors that depend on the batch (row count, row index)
+    "top-k, top-p, min-p": dict(temperature=1.5, top_k=4, top_p=0.98, min_p=0.01),
+    "typical, epsilon, eta": dict(temperature=1.2, top_k=0, typical_p=0.95, epsilon_cutoff=0.01, eta_cutoff=0.01),
+}
+
+
+@pytest.mark.parametrize("warpers", list(SAMPLING))
 @pytest.mark.parametrize("strategy", ["draft", "medusa"])
-def test_sampling_is_lossless_per_row(strategy):
+def test_sampling_is_lossless_per_row(strategy, warpers):
+    """Three left-padded rows of different lengths, each drawn 600 times: every row's two new tokens follow the
+    distribution plain generate() samples from (its processed scores, read with output_scores), by a
+    chi-square test at a false-alarm rate of 1e-3 per row."""
     from scipy import stats as scipy_stats
-    from transformers import LogitsProcessorList, MinNewTokensLengthLogitsProcessor, TemperatureLogitsWarper
 
     from hf_spec.testing import tiny_causal_lm
 
     vocab, new_tokens, draws = 6, 2, 600
     target = tiny_causal_lm("llama", seed=0, vocab_size=vocab, hidden_size=16, initializer_range=0.5)
     draft = tiny_causal_lm("llama", seed=5, vocab_size=vocab, hidden_size=16, initializer_range=0.5)
-    prompts = [[1, 3, 4], [5, 1]]
-    input_ids = torch.tensor([[1, 3, 4], [0, 5, 1]])
-    attention_mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
-    sampling = dict(do_sample=True, temperature=0.8, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens, pad_token_id=0)
+    input_ids = torch.tensor([[0, 1, 3, 4], [0, 0, 5, 1], [3, 3, 1, 4]])
+    attention_mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1]])
+    sampling = dict(do_sample=True, max_new_tokens=new_tokens, pad_token_id=0, suppress_tokens=[2],  # no eos
+                    repetition_penalty=1.3, prefix_allowed_tokens_fn=allowed_by_row, **SAMPLING[warpers])
 
-    def exact_joint(prompt):
-        processors = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(len(prompt), new_tokens, torch.tensor([2])),
-                                          TemperatureLogitsWarper(sampling["temperature"])])
+    def next_token_probs(r, prefix):
+        """Plain generate()'s distribution for row r after ``prefix``: row r (padding included) + prefix at
+        index r of a batch of three."""
+        ids = torch.cat([input_ids[r], torch.tensor(prefix, dtype=torch.long)]).expand(3, -1)
+        mask = torch.cat([attention_mask[r], torch.ones(len(prefix), dtype=torch.long)]).expand(3, -1)
+        out = target.generate(input_ids=ids, attention_mask=mask, output_scores=True,
+                              return_dict_in_generate=True, **{**sampling, "max_new_tokens": 1})
+        return out.scores[0][r].softmax(-1).tolist()
 
-        def probs(prefix):
-            ids = torch.tensor([prompt + prefix])
-            with torch.no_grad():
-                return processors(ids, target(ids).logits[:, -1].float()).softmax(-1)[0].tolist()
-
-        return {(a, b): pa * pb for a, pa in enumerate(probs([])) for b, pb in enumerate(probs([a])) if pa * pb > 0}
+    def exact_joint(r):
+        first = next_token_probs(r, [])
+        return {(a, b): pa * pb for a, pa in enumerate(first) if pa > 0
+                for b, pb in enumerate(next_token_probs(r, [a])) if pa * pb > 0}
 
     if strategy == "draft":
         kwargs = dict(strategy="draft", draft_model=draft, num_speculative_tokens=2)
@@ -148,14 +164,15 @@ def test_sampling_is_lossless_per_row(strategy):
             torch.nn.init.normal_(head[-1].weight, std=1.0)
         kwargs = dict(strategy="medusa", medusa_heads=heads, tree=[[0], [1], [0, 0], [0, 1], [1, 0]])
     torch.manual_seed(0)
-    samples, accepted = [[], []], 0
+    samples, accepted = [[], [], []], 0
     for _ in range(draws):
         out = target.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs, **sampling)
         accepted += hf_spec.last_stats().accepted
-        for r in range(2):
-            samples[r].append(tuple(out[r, 3:].tolist()))
-    for r, prompt in enumerate(prompts):
-        joint = exact_joint(prompt)
+        for r in range(3):
+            samples[r].append(tuple(out[r, 4:].tolist()))
+    for r in range(3):
+        joint = exact_joint(r)
+        assert len(joint) > 2  # a distribution worth testing
         counts = {}
         for sample in samples[r]:
             counts[sample] = counts.get(sample, 0) + 1
@@ -165,5 +182,6 @@ def test_sampling_is_lossless_per_row(strategy):
         if draws - sum(expected) > 1e-6:  # the small cells (and anything outside the support), pooled
             observed.append(draws - sum(observed))
             expected.append(draws - sum(expected))
+        expected = [e * draws / sum(expected) for e in expected]  # float32 probabilities sum to 1 +- 1e-7
         assert scipy_stats.chisquare(observed, expected).pvalue > 1e-3, r
     assert accepted > 0  # proposals were accepted, so the acceptance rule was exercised

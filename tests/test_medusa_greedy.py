@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import hf_spec
+from hf_spec.engine.trees import MC_SIM_7B_63
 from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.proposer import MedusaProposer
 from hf_spec.engine.auto import AutoTree
@@ -123,3 +124,17 @@ def test_only_the_heads_a_fixed_tree_reaches_run(target, prompt, heads, monkeypa
         for hook in hooks:
             hook.remove()
     assert all(calls[:heads_run]) and not any(calls[heads_run:])
+
+
+def test_the_default_tree_fits_heads_fewer_than_its_depth(target, prompt):
+    """Three heads and no tree given: upstream's default tree without its paths four deep."""
+    torch.manual_seed(0)
+    three = MedusaHeads.for_model(target, num_heads=3)
+    expected = target.generate(**prompt, do_sample=False, max_new_tokens=12)
+    out = target.generate(**prompt, do_sample=False, max_new_tokens=12, strategy="medusa", medusa_heads=three)
+    assert torch.equal(out, expected)
+    assert max(hf_spec.last_stats().k_per_step or [0]) <= len([p for p in MC_SIM_7B_63 if len(p) <= 3])
+    with pytest.raises(ValueError, match="4 deep but there are only 3 Medusa heads"):
+        target.generate(**prompt, max_new_tokens=4, strategy="medusa", medusa_heads=three, tree="mc_sim_7b_63")
+    with pytest.raises(ValueError, match="ranks only the"):
+        target.generate(**prompt, max_new_tokens=4, strategy="medusa", medusa_heads=three, tree=[[0], [500]])

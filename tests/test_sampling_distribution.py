@@ -111,8 +111,8 @@ def _draft_q_before_processors(monkeypatch):
     """Draft tokens drawn after the processors, but q reported from the raw logits."""
     original = DraftModelProposer._next_token
 
-    def next_token(logits, prefix, processors, do_sample):
-        token, _ = original(logits.clone(), prefix, processors, do_sample)
+    def next_token(logits, prefix, processors, do_sample, *row_of_batch):
+        token, _ = original(logits.clone(), prefix, processors, do_sample, *row_of_batch)
         return token, logits.softmax(-1)
 
     monkeypatch.setattr(DraftModelProposer, "_next_token", staticmethod(next_token))

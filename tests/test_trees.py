@@ -45,6 +45,7 @@ def test_default_tree_is_upstreams_shape():
     ([(0,), ()], {}, "non-empty list of ranks"),
     ([(0,), (0, 0), (0, 0, 0)], {"num_heads": 2}, "3 deep but there are only 2 Medusa heads"),
     ([(0,), (4,)], {"top_k": 3}, "beyond the top-3"),
+    ([(0,), (99,)], {"vocab_size": 99}, "ranks only the 99 tokens"),
 ])
 def test_invalid_trees(tree, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -54,3 +55,15 @@ def test_invalid_trees(tree, kwargs, message):
 def test_unknown_tree_name():
     with pytest.raises(ValueError, match="Unknown tree 'huge'. Named trees: "):
         resolve_tree("huge")
+
+
+@pytest.mark.parametrize("tree, message", [
+    ([[0], [1.5]], r"ranks are whole numbers .* got 1.5 \(float\)"),
+    ([[0], ["1"]], r"got '1' \(str\)"),
+    ([[0], [True]], r"got True \(bool\)"),
+    ([0, 1], "a list of paths, each a list of ranks"),
+    (42, "a list of paths"),
+])
+def test_trees_of_the_wrong_type_are_refused(tree, message):
+    with pytest.raises(TypeError, match=message):
+        resolve_tree(tree)

@@ -7,6 +7,7 @@ from transformers import LogitsProcessorList
 from ..engine.cache import new_cache
 from ..engine.proposer import Proposal
 from ..engine.runner import CachedModel
+from ..verify.processing import process_row
 
 
 class DraftModelProposer:
@@ -44,7 +45,7 @@ class DraftModelProposer:
         logits = self.draft.forward(feed, logits_to_keep=1, valid=valid).logits[:, -1].float()  # [batch, vocab]
         probs = []
         for i in range(k):
-            choices = [self._next_token(logits[r : r + 1], prefix, logits_processor, do_sample)
+            choices = [self._next_token(logits[r : r + 1], prefix, logits_processor, do_sample, r, len(rows))
                        for r, prefix in enumerate(prefixes)]
             step_tokens = torch.cat([token for token, _ in choices])  # [batch, 1]
             probs.append(torch.cat([q for _, q in choices]) if do_sample else None)
@@ -71,13 +72,13 @@ class DraftModelProposer:
         self._pending = None
 
     @staticmethod
-    def _next_token(logits, prefix, logits_processor, do_sample):
+    def _next_token(logits, prefix, logits_processor, do_sample, row=0, batch_size=1):
         """The draft's choice after ``prefix`` [1, n] and q, the distribution it was drawn from.
 
         q is taken after the user's processors, exactly like the target's p: e.g. with top_p both
         put zero mass on the same kind of tail. Greedy drafts need no q (None).
         """
-        scores = logits_processor(prefix, logits) if logits_processor else logits
+        scores = process_row(logits_processor, prefix, logits, row, batch_size) if logits_processor else logits
         if not do_sample:
             return scores.argmax(-1, keepdim=True), None
         q = scores.softmax(-1)

@@ -138,7 +138,8 @@ class _Decoding:
                 accepted_counts.append(0)
                 continue
             row = proposal.row(r)
-            scores = process_block(call.logits_processor, self.rows[r], row.tokens, proposal.parents, logits[r])
+            scores = process_block(call.logits_processor, self.rows[r], row.tokens, proposal.parents, logits[r],
+                                   r, call.batch_size)
             accepted, bonus = self.acceptance(row, scores)
             path = [0, *accepted]  # the score row of each new token is its parent's block index
             self.row_stats[r].record_step(_proposed_depth(row, accepted), len(accepted), proposal.k)

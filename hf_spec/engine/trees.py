@@ -10,6 +10,7 @@ depths [1, 1, 2]; leaves (2,) and (0, 0) -> retrieve paths [[2, -1], [1, 3]].
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +73,14 @@ def resolve_tree(tree) -> list[tuple[int, ...]]:
             raise ValueError(f"Unknown tree {tree!r}. Named trees: {', '.join(sorted(NAMED_TREES))}; "
                              "or pass a list of paths such as [[0], [0, 0], [1]].")
         tree = NAMED_TREES[tree]
+    if not isinstance(tree, (list, tuple)) or not all(isinstance(path, (list, tuple)) for path in tree):
+        raise TypeError(f"tree must be a name, \"auto\" or a list of paths, each a list of ranks such as [[0], [0, 0], "
+                        f"[1]]; got {tree!r:.80}.")
+    for path in tree:
+        for rank in path:
+            if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+                raise TypeError(f"Tree path {list(path)}: ranks are whole numbers (0 = top-1, 1 = top-2, ...); "
+                                f"got {rank!r} ({type(rank).__name__}).")
     paths = [tuple(int(rank) for rank in path) for path in tree]
     validate_tree(paths)
     return paths
@@ -88,8 +97,10 @@ def prefix_closed_order(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return list(paths)
 
 
-def validate_tree(paths: list[tuple[int, ...]], num_heads: int | None = None, top_k: int | None = None) -> None:
-    """Prefix-closed, no duplicates, non-negative ranks, depth at most ``num_heads``, ranks below ``top_k``."""
+def validate_tree(paths: list[tuple[int, ...]], num_heads: int | None = None, top_k: int | None = None,
+                  vocab_size: int | None = None) -> None:
+    """Prefix-closed, no duplicates, non-negative ranks, depth at most ``num_heads``, ranks below ``top_k`` and
+    below ``vocab_size`` (a head ranks that many tokens)."""
     if not paths:
         raise ValueError("A tree needs at least one path, e.g. [[0]].")
     seen = set(paths)
@@ -105,6 +116,9 @@ def validate_tree(paths: list[tuple[int, ...]], num_heads: int | None = None, to
                              "heads: use a shallower tree or heads with more heads.")
         if top_k is not None and max(path) >= top_k:
             raise ValueError(f"Tree path {list(path)} uses rank {max(path)}, beyond the top-{top_k} in use.")
+        if vocab_size is not None and max(path) >= vocab_size:
+            raise ValueError(f"Tree path {list(path)} uses rank {max(path)}, but a head ranks only the {vocab_size} "
+                             "tokens of the vocabulary: ranks go from 0 to vocab_size - 1.")
 
 
 def build_tree_buffers(paths: list[tuple[int, ...]]) -> TreeBuffers:

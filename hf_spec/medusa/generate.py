@@ -38,7 +38,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     """Medusa decoding for ``model.generate(custom_generate=...)``.
 
     medusa_heads: Hub id, local folder (Medusa-1 or Medusa-2 layout) or MedusaHeads; revision/token go to
-    huggingface_hub. tree: a name from ``hf_spec.engine.trees.NAMED_TREES`` (default: upstream's 63-node tree),
+    huggingface_hub. tree: a name from ``hf_spec.engine.trees.NAMED_TREES`` (default: upstream's 63-node tree
+    without its paths deeper than the heads),
     a list of paths of per-head top-k ranks, or "auto": each step verifies the prefix of the default tree (0
     nodes = plain decoding) that the measured verify costs and head accuracies say is fastest
     (``hf_spec.engine.auto.AutoTree``; ``cache_costs=False`` forgets what earlier calls measured).
@@ -54,11 +55,11 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     rule = Acceptance(call.do_sample, acceptance, posterior_threshold, posterior_alpha, verifier)
     heads = resolve_heads(medusa_heads, model, revision, token)
     memory = pair_memory(model, heads, cache_costs)
-    if tree == "auto":
+    if tree in (None, "auto"):  # the default tree, trimmed to the heads' depth
         paths = [path for path in resolve_tree(DEFAULT_TREE) if len(path) <= heads.num_heads]
-    else:
+    else:  # a tree the user chose: refused, not trimmed, where it does not fit the heads
         paths = resolve_tree(tree)
-        validate_tree(paths, num_heads=heads.num_heads)
+    validate_tree(paths, num_heads=heads.num_heads, vocab_size=heads.vocab_size)
     if memory.head_accuracy is None:
         memory.head_accuracy = HeadAccuracy(heads.num_heads)
     proposer = MedusaProposer(heads, paths, memory.head_accuracy, all_heads=tree == "auto")

@@ -7,8 +7,8 @@ processors over a block of positions (``processing``) and the rule a call uses (
 """
 from .backends import TORCH, TreeVerifier, compact_layer_torch, get_verifier
 from .chain import greedy_accept, sample_from, speculative_sample
-from .processing import process_block
+from .processing import process_block, process_row
 from .rule import Acceptance
 
 __all__ = ["TORCH", "Acceptance", "TreeVerifier", "compact_layer_torch", "get_verifier", "greedy_accept",
-           "process_block", "sample_from", "speculative_sample"]
+           "process_block", "process_row", "sample_from", "speculative_sample"]
