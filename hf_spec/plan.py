@@ -12,8 +12,10 @@ KV cache: 2 (keys, values) x layers x kv_heads x head_dim x tokens x batch x byt
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from transformers import AutoConfig, PretrainedConfig
 
@@ -28,7 +30,7 @@ def parse_memory(text: str | int | float) -> int:
     """'24GB' (GPU marketing sizes are GiB), '24GiB', '80 GB', '24000MB', '16g' -> bytes."""
     if isinstance(text, (int, float)):
         return int(text)
-    match = re.fullmatch(r"\s*([\d.]+)\s*(g|gb|gib|m|mb|mib|t|tb|tib)\s*", str(text).lower())
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(g|gb|gib|m|mb|mib|t|tb|tib)\s*", str(text).lower())
     if not match:
         raise ValueError(f"GPU memory {text!r} is not a size: write it like '24GB', '80GiB' or '24000MB'.")
     value, unit = float(match.group(1)), match.group(2)[0]
@@ -95,20 +97,58 @@ def kv_cache_bytes(config: PretrainedConfig, tokens: int, batch_size: int = 1, d
     return 2 * c.num_hidden_layers * _kv_heads(c) * _head_dim(c) * tokens * batch_size * dtype_bytes
 
 
-def medusa_parameters(hidden_size: int, vocab_size: int, num_heads: int, num_layers: int) -> int:
-    return num_heads * (num_layers * (hidden_size * hidden_size + hidden_size) + hidden_size * vocab_size)
+def medusa_parameters(hidden_size: int, vocab_size: int, num_heads: int, num_layers: int,
+                      shared_lm_head: bool = False) -> int:
+    """Each head: ``num_layers`` ResBlocks (hidden x hidden + bias) and, unless it shares the base model's
+    lm_head, its own hidden x vocab output layer."""
+    output = 0 if shared_lm_head else hidden_size * vocab_size
+    return num_heads * (num_layers * (hidden_size * hidden_size + hidden_size) + output)
+
+
+def load_medusa_config(heads) -> dict:
+    """The settings of Medusa heads: a dict, a config object, or a Hub id / folder whose ``config.json`` holds
+    ``medusa_num_heads`` (and ``medusa_num_layers``, ``hidden_size``, ``vocab_size``, ``medusa_shared_lm_head``
+    as ``MedusaHeads.save_pretrained`` writes them). Only ``config.json`` is read: no weights."""
+    if isinstance(heads, dict):
+        return dict(heads)
+    if isinstance(heads, PretrainedConfig):
+        return heads.to_dict()
+    from huggingface_hub import hf_hub_download
+
+    from .medusa.heads import CONFIG_NAME
+
+    try:
+        folder = Path(heads)
+        path = folder / CONFIG_NAME if folder.is_dir() else Path(hf_hub_download(str(heads), CONFIG_NAME))
+        if not path.is_file():
+            raise FileNotFoundError(f"{heads} has no {CONFIG_NAME}")
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as error:  # no such folder or repo, offline, no config.json, not JSON
+        raise ValueError(f"Could not read the Medusa heads' config of {str(heads)!r} ({error}). Pass a Hub id or a "
+                         f"folder with {CONFIG_NAME}, as hf-spec train-medusa writes it.") from error
+    if not isinstance(config, dict) or "medusa_num_heads" not in config:
+        raise ValueError(f"{str(heads)!r}: {CONFIG_NAME} does not say medusa_num_heads, so these are not Medusa "
+                         "heads (or not in the Medusa-1 layout).")
+    return config
+
+
+def format_count(count: int) -> str:
+    """A parameter count in billions or millions: 6.74 B, 135.0 M, 0.05 M."""
+    return f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.{1 if count >= 1e7 else 2}f} M"
 
 
 @dataclass
 class Plan:
     gpu_bytes: int
     rows: list[tuple[str, int]] = field(default_factory=list)  # (what, bytes)
+    parameters: list[tuple[str, int]] = field(default_factory=list)  # (model, parameter count)
     options: dict[str, int] = field(default_factory=dict)  # configuration -> total bytes
     verdict: str = ""
     margin_bytes: int = 0
 
     def table(self) -> str:
-        lines = [f"{'component':<44} {'GiB':>8}"]
+        lines = [f"{what + ' parameters':<44} {format_count(count):>8}" for what, count in self.parameters]
+        lines.append(f"{'component':<44} {'GiB':>8}")
         lines += [f"{what:<44} {size / GiB:>8.2f}" for what, size in self.rows]
         lines.append(f"{'GPU memory':<44} {self.gpu_bytes / GiB:>8.2f}")
         lines += [f"{'total, ' + name:<44} {size / GiB:>8.2f}" for name, size in self.options.items()]
@@ -128,10 +168,12 @@ def plan(target, draft=None, *, gpu_memory="24GB", max_model_len: int = 4096, ba
     target_weights = weight_bytes(target_config, dtype)
     target_kv = kv_cache_bytes(target_config, max_model_len, batch_size, element)
     result = Plan(gpu_bytes=gpu)
+    result.parameters.append(("target", sum(count_parameters(target_config).values())))
     result.rows += [(f"target weights ({dtype})", target_weights), (f"target KV cache ({max_model_len} tokens)", target_kv)]
     base = target_weights + target_kv
     if draft is not None:
         draft_config = load_config(draft)
+        result.parameters.append(("draft", sum(count_parameters(draft_config).values())))
         draft_kv = kv_cache_bytes(draft_config, max_model_len, batch_size, element)
         result.rows.append((f"draft KV cache ({max_model_len} tokens)", draft_kv))
         precisions = [draft_quantization] if draft_quantization else [dtype, "8bit", "4bit"]
@@ -141,10 +183,16 @@ def plan(target, draft=None, *, gpu_memory="24GB", max_model_len: int = 4096, ba
             total = base + weights + draft_kv
             result.options[f"with {precision} draft"] = total + overhead(total)
     if medusa_heads is not None:
-        heads_config = load_config(medusa_heads) if not isinstance(medusa_heads, dict) else medusa_heads
-        get = heads_config.get if isinstance(heads_config, dict) else lambda k, d=None: getattr(heads_config, k, d)
+        heads_config = load_medusa_config(medusa_heads)
         t = _text(target_config)
-        heads = medusa_parameters(t.hidden_size, t.vocab_size, get("medusa_num_heads", 5), get("medusa_num_layers", 1))
+        hidden_size = heads_config.get("hidden_size") or t.hidden_size
+        if hidden_size != t.hidden_size:
+            raise ValueError(f"The Medusa heads expect hidden size {hidden_size}; the target has {t.hidden_size}. "
+                             "Plan with heads trained for this target.")
+        heads = medusa_parameters(hidden_size, heads_config.get("vocab_size") or t.vocab_size,
+                                  heads_config.get("medusa_num_heads", 5), heads_config.get("medusa_num_layers", 1),
+                                  bool(heads_config.get("medusa_shared_lm_head", False)))
+        result.parameters.append(("Medusa heads", heads))
         result.rows.append((f"Medusa heads ({dtype})", heads * element))
         total = base + heads * element
         result.options["with Medusa heads"] = total + overhead(total)

@@ -83,3 +83,48 @@ def test_plan_cli_reads_local_configs(tmp_path, capsys):
                  "--draft-quantization", "4bit", "--gpu-memory", "24GB", "--max-model-len", "4096"]) == 0
     out = capsys.readouterr().out
     assert "draft weights (4bit)" in out and "verdict: fits with a 4-bit draft" in out
+
+
+def test_the_table_counts_each_models_parameters():
+    table = plan(LLAMA_2_7B, TINYLLAMA, gpu_memory="24GB", medusa_heads={"medusa_num_heads": 5}).table()
+    lines = {line.rsplit(None, 2)[0]: line.rsplit(None, 2)[1:] for line in table.splitlines() if "parameters" in line}
+    assert lines == {"target parameters": ["6.74", "B"], "draft parameters": ["1.10", "B"],
+                     "Medusa heads parameters": ["739.3", "M"]}
+    assert "target parameters" in plan(QWEN25_05B, gpu_memory="24GB").table().splitlines()[0]
+    assert plan(QWEN25_05B, gpu_memory="24GB").table().splitlines()[0].endswith("494.0 M")
+
+
+@pytest.mark.parametrize("shared_lm_head", [False, True])
+def test_plan_cli_reads_heads_saved_by_save_pretrained(tmp_path, capsys, shared_lm_head):
+    """--medusa-heads DIR: the config.json MedusaHeads.save_pretrained writes (no model_type) is read as such,
+    and the heads' parameters are counted as built (with or without their own lm_head)."""
+    from hf_spec.cli import main
+    from hf_spec.medusa import MedusaHeads
+    from hf_spec.plan import format_count
+
+    model = tiny_causal_lm()
+    model.save_pretrained(tmp_path / "target")
+    heads = MedusaHeads.for_model(model, num_heads=3, shared_lm_head=shared_lm_head)
+    heads.save_pretrained(tmp_path / "heads")
+    assert main(["plan", "--target", str(tmp_path / "target"), "--medusa-heads", str(tmp_path / "heads"),
+                 "--gpu-memory", "1GB"]) == 0
+    out = capsys.readouterr().out
+    built = sum(p.numel() for p in heads.parameters())
+    assert "Medusa heads parameters" in out and format_count(built) in out
+    assert f"{'target parameters':<44} {format_count(model.num_parameters()):>8}" in out
+    assert "Medusa heads (float16)" in out and "total, with Medusa heads" in out
+    result = plan(str(tmp_path / "target"), medusa_heads=str(tmp_path / "heads"))
+    assert dict(result.parameters)["Medusa heads"] == built
+    assert dict(result.rows)["Medusa heads (float16)"] == 2 * built
+
+
+def test_plan_refuses_heads_of_another_model_and_folders_without_heads(tmp_path):
+    import json
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"medusa_num_heads": 4, "hidden_size": 8}))
+    with pytest.raises(ValueError, match="hidden size 8"):
+        plan(LLAMA_2_7B, medusa_heads=str(tmp_path / "other"))
+    LLAMA_2_7B.save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match="not Medusa heads"):
+        plan(LLAMA_2_7B, medusa_heads=str(tmp_path / "model"))

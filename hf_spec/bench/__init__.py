@@ -76,7 +76,117 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     return rows
 
 
+def items(value, convert=str) -> list:
+    """A comma-separated option as a list: the CLI's parser gives lists already, other callers may pass "3,5,8"."""
+    if isinstance(value, str):
+        return [convert(item) for item in value.split(",")]
+    return [convert(item) for item in value]
+
+
+def read_tree(tree):
+    """``--tree``: None, a name, "auto", a JSON list of paths, or a .json file of one -> what Contenders takes
+    (a name, "auto" or a list of paths), checked (ValueError with what is wrong; FileNotFoundError)."""
+    if tree is None or tree == "auto":
+        return tree
+    if not isinstance(tree, str):
+        paths = tree
+    elif tree.startswith("[") or tree.endswith(".json"):  # a list of paths, inline or in a file
+        if tree.endswith(".json") and not Path(tree).is_file():
+            raise FileNotFoundError(f"--tree {tree}: no such file (train-medusa writes tree.json next to the heads).")
+        text = Path(tree).read_text() if tree.endswith(".json") else tree
+        try:
+            paths = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--tree {tree}: not a JSON list of paths ({error}).") from error
+    else:
+        try:
+            resolve_tree(tree)  # a name: known?
+        except ValueError as error:
+            raise ValueError(f"--tree {tree}: {error}") from error
+        return tree
+    try:
+        if not isinstance(paths, list):
+            raise TypeError
+        resolve_tree([list(path) for path in paths])
+    except ValueError as error:
+        raise ValueError(f"--tree {tree}: {error}") from error
+    except TypeError as error:
+        raise ValueError(f"--tree {tree}: a tree is a list of paths of ranks, such as [[0], [0, 0], [1]].") from error
+    return paths
+
+
+def synthetic_configs(spec: str) -> tuple:
+    """``--synthetic TARGET:DRAFT`` -> the two models' configs at their named shapes (nothing built)."""
+    from .synthetic import SHAPES
+
+    names = spec.split(":")
+    if len(names) != 2 or not all(names):
+        raise ValueError(f"--synthetic {spec}: write it TARGET:DRAFT, e.g. llama-2-7b:tinyllama-1.1b.")
+    configs = []
+    for name in names:
+        if name not in SHAPES:
+            raise ValueError(f"--synthetic {spec}: unknown shape {name!r}; known: {', '.join(sorted(SHAPES))}.")
+        config_class, sizes = SHAPES[name]
+        configs.append(config_class(**sizes, tie_word_embeddings=False))
+    return tuple(configs)
+
+
+def free_device_memory(device: str) -> int:
+    """Bytes free on a CUDA device (tests replace this)."""
+    return torch.cuda.mem_get_info(torch.device(device))[0]
+
+
+def check_synthetic_fits(args) -> None:
+    """On a CUDA device, refuse up front when the planner says target + draft + KV caches do not fit in its free
+    memory (building them would end in an out-of-memory error minutes later). CPU: no check."""
+    from ..plan import GiB, plan
+
+    device = str(args.device)
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no CUDA device here.")
+    target_config, draft_config = synthetic_configs(args.synthetic)
+    free = free_device_memory(device)
+    tokens = args.prompt_length + args.max_new_tokens
+    estimate = plan(target_config, draft_config, gpu_memory=free, max_model_len=tokens, dtype=args.dtype,
+                    draft_quantization=args.dtype)
+    needed = estimate.options[f"with {args.dtype} draft"]
+    if needed > free:
+        raise ValueError(f"--synthetic {args.synthetic} at {args.dtype} does not fit on {device}: the planner "
+                         f"estimates {needed / GiB:.2f} GiB (weights, KV caches for {tokens} tokens and runtime) and "
+                         f"{free / GiB:.2f} GiB is free. Use smaller shapes or --dtype float16.")
+
+
+def check_args(args) -> None:
+    """What can be checked before any model loads: the tree, the modes against the models given, the synthetic
+    shapes and device. Raises ValueError / FileNotFoundError."""
+    if args.synthetic:
+        synthetic_configs(args.synthetic)
+        device = str(args.device)
+        try:
+            torch.device(device)
+        except RuntimeError as error:
+            raise ValueError(f"--device {device}: not a device ({error}).") from error
+        check_synthetic_fits(args)
+        return
+    read_tree(args.tree)
+    modes = items(args.modes)
+    needs_draft = [m for m in modes if m in ("assisted", "draft", "auto", "stepwise")]
+    if needs_draft and not args.draft:
+        raise ValueError(f"the modes {', '.join(needs_draft)} need a draft model: pass --draft, or leave them out "
+                         "of --modes.")
+    if "medusa" in modes and not args.medusa_heads:
+        raise ValueError("the medusa mode needs Medusa heads: pass --medusa-heads.")
+    if args.draft_quantization and not args.draft:
+        raise ValueError("--draft-quantization needs --draft.")
+    if args.batch_size > 1 and "assisted" in modes:
+        raise ValueError("transformers' assisted generation takes one row at a time: drop the assisted mode from "
+                         "--modes for --batch-size > 1.")
+
+
 def main(args) -> int:
+    check_args(args)
     if args.synthetic:
         return synthetic_main(args)
     prompts = load_prompts(args.questions, args.per_category, args.limit)
@@ -85,17 +195,15 @@ def main(args) -> int:
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
     draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).eval() if args.draft else None
     heads = load_medusa_heads(args.medusa_heads, base_model=target) if args.medusa_heads else None
-    tree = args.tree
-    if tree and (tree.startswith("[") or tree.endswith(".json")):  # a list of paths, inline or in a file
-        tree = json.loads(Path(tree).read_text() if tree.endswith(".json") else tree)
+    tree = read_tree(args.tree)
     quantized = None
     if args.draft_quantization:
         quantized = resolve_draft(args.draft, target, draft_quantization=args.draft_quantization)
     contenders = Contenders(target, draft, heads, tree, quantized, args.draft_quantization)
-    rows = run_bench(contenders, tokenizer, prompts=prompts, modes=args.modes.split(","),
-                     ks=[int(k) for k in args.k.split(",")], max_new_tokens=args.max_new_tokens,
-                     repeats=args.repeats, do_sample=args.do_sample, temperature=args.temperature,
-                     json_path=args.json, plot_path=args.plot, batch_size=args.batch_size, warmup=args.warmup)
+    rows = run_bench(contenders, tokenizer, prompts=prompts, modes=items(args.modes), ks=items(args.k, int),
+                     max_new_tokens=args.max_new_tokens, repeats=args.repeats, do_sample=args.do_sample,
+                     temperature=args.temperature, json_path=args.json, plot_path=args.plot,
+                     batch_size=args.batch_size, warmup=args.warmup)
     return 0 if all(r["equal_to_vanilla"] in (None, 1.0) for r in rows) else 1
 
 
@@ -114,9 +222,9 @@ def synthetic_main(args) -> int:
     prompts = [Prompt(f"random-{i}", "random", "") for i in range(count)]
     encoded = [{"input_ids": torch.randint(vocab, (1, args.prompt_length), generator=generator).to(args.device)}
                for _ in range(count)]
-    alphas = [float(a) for a in args.alpha.split(",")]
-    modes = [m for m in args.modes.split(",") if m in ("vanilla", "draft")]
-    run_bench(Contenders(target, draft), None, prompts=prompts, modes=modes, ks=[int(k) for k in args.k.split(",")],
+    alphas = items(args.alpha, float)
+    modes = [m for m in items(args.modes) if m in ("vanilla", "draft")]
+    run_bench(Contenders(target, draft), None, prompts=prompts, modes=modes, ks=items(args.k, int),
               max_new_tokens=args.max_new_tokens, repeats=args.repeats, encoded=encoded, alphas=alphas,
               json_path=args.json, plot_path=args.plot, warmup=args.warmup)
     return 0
