@@ -7,6 +7,8 @@ if not torch.cuda.is_available():
     # Triton kernels run through its interpreter on CPU tensors. Triton reads this when it is first
     # imported (transformers may import it), so it is set before anything else is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The suite is offline: a name that is not a folder fails at once instead of retrying the Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import hf_spec  # noqa: E402,F401  (registers strategy=)
 from hf_spec.testing import char_tokenizer, contrary_draft, perturbed_draft, tiny_causal_lm

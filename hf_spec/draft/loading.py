@@ -8,7 +8,9 @@ import logging
 import os
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
+
+from ..weights import not_found
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,11 @@ def _load_draft(name: str, device: str, dtype: torch.dtype, revision: str | None
 
 def _load_draft_uncached(name, device, dtype, revision, token, quantization) -> PreTrainedModel:
     logger.info("loading draft %s on %s in %s (%s)", name, device, dtype, quantization or "full precision")
+    if not os.path.isdir(os.path.expanduser(name)):
+        try:
+            AutoConfig.from_pretrained(name, revision=revision, token=token)
+        except (OSError, ValueError) as error:  # neither a folder nor a repo the Hub serves
+            raise not_found("draft model", name, error) from error
     if quantization is None:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, revision=revision, token=token)
         return model.to(device).eval()

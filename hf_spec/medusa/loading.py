@@ -12,7 +12,6 @@ are read with ``torch.load(weights_only=True)``, so a file from the Hub cannot r
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -29,8 +28,8 @@ def load_medusa_heads(name_or_path: str | os.PathLike, *, base_model=None, revis
                       token=None, device=None, dtype=None) -> MedusaHeads:
     """Heads from a Hub id or local folder. With ``base_model`` they are checked against it and placed on its
     device in its dtype."""
-    files = RepoFiles(str(name_or_path), revision, token)
-    config = json.loads(files.read_text(CONFIG_NAME)) if files.has(CONFIG_NAME) else {}
+    files = RepoFiles(str(name_or_path), revision, token, what="Medusa heads")
+    config = files.read_json(CONFIG_NAME) if files.has(CONFIG_NAME) else {}
     if files.has(SAFETENSORS_NAME):
         state = read_safetensors([files.path(SAFETENSORS_NAME)])
     elif files.has(PT_NAME):
@@ -97,7 +96,7 @@ def _read_medusa2(files: RepoFiles) -> dict[str, torch.Tensor]:
     for index_name, reader in (("model.safetensors.index.json", read_safetensors),
                                ("pytorch_model.bin.index.json", None)):
         if files.has(index_name):
-            weight_map = json.loads(files.read_text(index_name))["weight_map"]
+            weight_map = files.read_json(index_name)["weight_map"]
             shards = sorted({shard for key, shard in weight_map.items() if key.startswith(MEDUSA2_PREFIX)})
             if reader is not None:
                 return reader([files.path(shard) for shard in shards], MEDUSA2_PREFIX)
