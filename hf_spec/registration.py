@@ -2,8 +2,11 @@
 
 ``register()`` wraps ``GenerationMixin.generate`` so that ``strategy="draft"`` becomes
 ``custom_generate=hf_spec.draft.generate`` (transformers' own hook for custom decoding loops), after
-renaming the few keywords a strategy takes under another name. With ``strategy`` absent or None the
-original ``generate`` runs untouched. ``unregister()`` puts the original back.
+renaming the few keywords a strategy takes under another name. Before that it refuses what would not
+reach the strategy as asked: another strategy's keywords (each strategy's own are read off its callable's
+signature) and what ``generate()`` acts on before it calls the strategy (``check_generate_keywords``).
+With ``strategy`` absent or None the original ``generate`` runs untouched. ``unregister()`` puts the
+original back.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import inspect
 from dataclasses import dataclass, field
 
 from transformers.generation.utils import GenerationMixin
+
+from .engine.options import check_generate_keywords
 
 
 @dataclass(frozen=True)
@@ -52,11 +57,36 @@ def get_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def strategy_kwargs(name: str, kwargs: dict) -> dict:
-    """The keyword arguments of a ``generate(strategy=name, **kwargs)`` call, mapped onto custom_generate."""
+def strategy_keywords(name: str) -> set[str]:
+    """The keywords strategy ``name`` takes: its callable's parameters and the generate() keywords it renames."""
+    strategy = get_strategy(name)
+    parameters = inspect.signature(strategy.generate).parameters.values()
+    own = {p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return own | set(strategy.aliases)
+
+
+def check_foreign_keywords(name: str, kwargs: dict) -> None:
+    """Refuse a keyword (set, not None) that another strategy takes and strategy ``name`` does not: unrefused,
+    generate() would fail on it as an unused model keyword or, for transformers' own keywords such as
+    assistant_model, silently drop it."""
+    own = strategy_keywords(name)
+    for other in strategy_names():
+        if other == name:
+            continue
+        for keyword in sorted(strategy_keywords(other) - own):
+            if kwargs.get(keyword) is not None:
+                raise ValueError(f"{keyword}= belongs to strategy={other!r}; strategy={name!r} does not take it. "
+                                 f"Use strategy={other!r}, or drop {keyword}=.")
+
+
+def strategy_kwargs(name: str, kwargs: dict, model=None) -> dict:
+    """The keyword arguments of a ``generate(strategy=name, **kwargs)`` call, mapped onto custom_generate.
+    ``model``: the model whose generate() is called (its own generation config is checked too), if known."""
     strategy = get_strategy(name)
     if kwargs.get("custom_generate") is not None:
         raise ValueError("Pass either strategy= or custom_generate=, not both.")
+    check_foreign_keywords(name, kwargs)
+    check_generate_keywords(kwargs, name, getattr(model, "generation_config", None))
     kwargs = dict(kwargs)
     for alias, own_name in {**PASSED_THROUGH, **strategy.aliases}.items():
         if kwargs.get(alias) is None:
@@ -81,7 +111,7 @@ def register() -> None:
         if strategy is None:
             return original(self, *args, **kwargs)
         bound = _bind(original, self, args, kwargs)
-        return original(self, **strategy_kwargs(strategy, bound))
+        return original(self, **strategy_kwargs(strategy, bound, self))
 
     _original_generate = original
     GenerationMixin.generate = generate

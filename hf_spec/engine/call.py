@@ -3,8 +3,9 @@
 transformers hands a ``custom_generate`` callable the prepared inputs (``input_ids``, logits processors,
 stopping criteria, the generation config, the cache among ``model_kwargs``) but keeps ``streamer`` and
 ``tokenizer`` for itself, so ``strategy=`` passes them as ``token_streamer`` and ``target_tokenizer``
-(``hf_spec.registration``). ``DecodingCall.of`` refuses what no strategy can do losslessly, adds the
-stop-string criterion ``generate()`` would have built, and finds the prompts' padding: the one preamble.
+(``hf_spec.registration``). ``DecodingCall.of`` refuses what no strategy can do losslessly and warns about
+what a strategy ignores (per option: ``hf_spec.engine.options``), adds the stop-string criterion
+``generate()`` would have built, and finds the prompts' padding: the one preamble.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StopStringCriteria, StoppingCriteriaList
 
+from .options import check_options
 from .runner import padding_mask_of
 
 
@@ -34,7 +36,7 @@ class DecodingCall:
     def of(cls, strategy: str, model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
            stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *, token_streamer=None,
            stop_strings=None, target_tokenizer=None, **model_kwargs) -> "DecodingCall":
-        check_supported(model, input_ids, generation_config, strategy)
+        check_supported(model, input_ids, generation_config, strategy, model_kwargs)
         if token_streamer is not None and input_ids.shape[0] > 1:
             raise ValueError("Streamers take one row: stream a batch of 1, or drop streamer= for batches.")
         stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, target_tokenizer)
@@ -50,17 +52,13 @@ class DecodingCall:
         return bool(self.generation_config.do_sample)
 
 
-def check_supported(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, strategy: str) -> None:
-    """Refuse what the loop cannot do losslessly, with what to do instead."""
+def check_supported(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, strategy: str,
+                    model_kwargs: dict | None = None) -> None:
+    """Refuse what the loop cannot do losslessly, with what to do instead; warn about what it ignores."""
     if model.config.is_encoder_decoder:
         raise ValueError(f"strategy={strategy!r} supports decoder-only models; {type(model).__name__} is an "
                          "encoder-decoder model. Generate without `strategy`.")
-    if generation_config.num_beams > 1:
-        raise ValueError(f"strategy={strategy!r} does not combine with beam search (num_beams="
-                         f"{generation_config.num_beams}). Use num_beams=1.")
-    if generation_config.num_return_sequences > 1:
-        raise ValueError(f"strategy={strategy!r} returns one sequence per prompt (num_return_sequences="
-                         f"{generation_config.num_return_sequences}): repeat the prompt in the batch instead.")
+    check_options(generation_config, model_kwargs or {}, strategy)
 
 
 def with_stop_strings(stopping_criteria: StoppingCriteriaList, stop_strings, tokenizer) -> StoppingCriteriaList:
