@@ -187,3 +187,21 @@ def test_callable_works_without_the_seam(target, drafts, prompt):
         hf_spec.register()
     assert torch.equal(out, expected)
     assert hf_spec.last_stats().steps == math.ceil((out.shape[1] - prompt["input_ids"].shape[1]) / 5)
+
+
+@pytest.mark.parametrize("strategy", ["draft", "medusa"])
+def test_a_criterion_that_reads_the_scores_sees_them_as_generate_passes_them(target, drafts, prompt, strategy):
+    """transformers' ConfidenceCriteria reads scores[-1] (generate() passes a tuple of steps' scores)."""
+    from transformers.generation.stopping_criteria import ConfidenceCriteria
+
+    from hf_spec.medusa import MedusaHeads
+
+    torch.manual_seed(0)
+    kwargs = (dict(strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=3) if strategy == "draft"
+              else dict(strategy="medusa", medusa_heads=MedusaHeads.for_model(target, num_heads=3)))
+    criteria = StoppingCriteriaList([ConfidenceCriteria(0.3)])
+    common = dict(do_sample=False, max_new_tokens=NEW_TOKENS, stopping_criteria=criteria, output_scores=True,
+                  return_dict_in_generate=True)
+    expected = target.generate(**prompt, **common).sequences
+    assert expected.shape[1] < prompt["input_ids"].shape[1] + NEW_TOKENS  # it stopped early
+    assert torch.equal(target.generate(**prompt, **common, **kwargs).sequences, expected)

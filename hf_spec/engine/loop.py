@@ -209,8 +209,8 @@ def _commit(sequence, new_tokens, scores, logits, stopping_criteria, recorder, s
     kept = len(new_tokens)
     for j in range(len(new_tokens)):
         recorder.record(scores[j : j + 1], logits[j : j + 1].float())
-        # like generate(), the criteria see the sequence so far and the scores of its last token
-        if bool(stopping_criteria(candidate[:, : committed + j + 1], scores[j : j + 1]).any()):
+        # the criteria see the sequence so far and, as a tuple like generate()'s, the scores of its last token
+        if bool(stopping_criteria(candidate[:, : committed + j + 1], (scores[j : j + 1],)).any()):
             finished, kept = True, j + 1
             break
     if streamer is not None:
