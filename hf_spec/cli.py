@@ -140,6 +140,23 @@ k_list = comma_list(positive_int)
 probability_list = comma_list(probability)
 
 
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # hf_spec.dtypes.CHOICES, without importing torch
+DTYPE_HELP = ("auto (default): the checkpoint's own dtype, float32 for bfloat16/float16 checkpoints on a CPU "
+              "without native bfloat16 and for models built in code; or float32, bfloat16, float16")
+
+
+def choose_dtype(args: argparse.Namespace) -> None:
+    """Resolve ``--dtype auto`` for the model the command loads (``--target`` or ``--model``) and say why."""
+    from .dtypes import resolve_dtype
+
+    checkpoint = getattr(args, "target", None) or getattr(args, "model", None)
+    if getattr(args, "synthetic", None):
+        checkpoint = None  # random weights built in code
+    dtype, why = resolve_dtype(args.dtype, checkpoint, getattr(args, "device", "cpu") or "cpu")
+    args.dtype = str(dtype).removeprefix("torch.")
+    print(f"dtype: {args.dtype} ({why})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hf-spec`` parser and its subcommands (tests parse every command in the docs with it)."""
     parser = argparse.ArgumentParser(prog="hf-spec", description="Lossless speculative decoding for transformers.")
@@ -153,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompt", default=None)
     demo.add_argument("--max-new-tokens", type=positive_int, default=64)
     demo.add_argument("-k", "--num-speculative-tokens", type=positive_int, default=4)
-    demo.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    demo.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
 
     bench = commands.add_parser("bench", help="tokens/s against plain generate() and assisted generation")
     bench.add_argument("--target", help="target model (Hub id or path)")
@@ -176,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=positive_int, default=1, help="prompts per generate() call, left-padded")
     bench.add_argument("--do-sample", action="store_true")
     bench.add_argument("--temperature", type=positive_float, default=1.0)
-    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    bench.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     bench.add_argument("--synthetic", metavar="TARGET:DRAFT", type=synthetic_shapes,
                        help="random weights at named shapes (e.g. llama-2-7b:tinyllama-1.1b), no downloads")
     bench.add_argument("--alpha", type=probability_list, default="0.5,0.8,0.95",
@@ -220,8 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="weight of the base model's own distribution as each head's target (0: the tokens only)")
     train.add_argument("--greedy-targets", action="store_true",
                        help="label each head with what greedy decoding would emit there (heads for greedy decoding)")
-    train.add_argument("--bf16", action="store_true",
-                       help="train with bfloat16 matmuls (torch.autocast): faster on GPUs and CPUs with AVX512-BF16 or AMX")
+    train.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                       help=DTYPE_HELP + "; self-distillation runs in it, and where it is bfloat16 the heads train "
+                                         "with bfloat16 matmuls (torch.autocast; weights and losses float32)")
+    train.add_argument("--bf16", action="store_const", const="bfloat16", dest="dtype",
+                       help="the same as --dtype bfloat16")
     train.add_argument("--eval-every", type=positive_int, default=5, help="question_id %% N == 0 is held out")
     train.add_argument("--limit", type=positive_int, help="at most this many training prompts")
     train.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt")
@@ -236,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=positive_int, help="as for train-medusa (held out: a quarter of it)")
     evaluate.add_argument("--max-new-tokens", type=positive_int, default=128)
     evaluate.add_argument("--generation-batch-size", type=positive_int, default=8)
+    evaluate.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
 
     export = commands.add_parser("export-medusa", help="shared-lm_head heads -> the upstream Medusa-1 layout")
     export.add_argument("--heads", required=True)
@@ -380,24 +401,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed and checked subcommand."""
+    if args.command in ("demo", "bench", "train-medusa", "evaluate-medusa"):
+        choose_dtype(args)
     if args.command == "train-medusa":
+        import torch
+
         from .training.medusa import TrainConfig, train_medusa
 
         config = TrainConfig(num_heads=args.num_heads, num_layers=args.num_layers, shared_lm_head=not args.own_lm_heads,
                              epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
                              loss_decay=args.loss_decay, weight_decay=args.weight_decay, soft_targets=args.soft_targets,
-                             greedy_targets=args.greedy_targets, bf16=args.bf16)
+                             greedy_targets=args.greedy_targets, bf16=args.dtype == "bfloat16")
         train_medusa(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
                      max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
                      do_sample=args.do_sample, limit=args.limit, samples_per_prompt=args.samples_per_prompt,
-                     temperature=args.temperature, resume=args.resume)
+                     temperature=args.temperature, resume=args.resume, dtype=getattr(torch, args.dtype))
         return 0
     if args.command == "evaluate-medusa":
+        import torch
+
         from .training.medusa import evaluate_medusa
 
         evaluate_medusa(args.heads, args.model, args.output, prompts_path=args.data, eval_every=args.eval_every,
                         max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
-                        limit=args.limit)
+                        limit=args.limit, dtype=getattr(torch, args.dtype))
         return 0
     if args.command == "export-medusa":
         from transformers import AutoModelForCausalLM

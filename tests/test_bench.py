@@ -158,7 +158,7 @@ def test_every_mode_warms_up_untimed_before_the_timed_runs(monkeypatch):
 
     def fake_generate_once(mode, contenders, inputs, generation_kwargs, reference=None):
         calls.append((mode, inputs["id"]))
-        return torch.zeros(1, 3, dtype=torch.long), 1.0, None
+        return torch.zeros(1, 3, dtype=torch.long), 1.0, None, None
 
     monkeypatch.setattr(bench_run, "generate_once", fake_generate_once)
     prompts = [Prompt("1", "a", "x"), Prompt("2", "b", "y")]

@@ -39,7 +39,9 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
     row = {"mode": mode, "category": category, "runs": len(runs), "tokens_per_s": tps,
            "speedup": tps / vanilla_tps if vanilla_tps else None,
            "median_prompt_speedup": statistics.median(ratios) if ratios else None,
-           "equal_to_vanilla": _share([r.equal_to_vanilla for r in runs])}
+           "equal_to_vanilla": _share([r.equal_to_vanilla for r in runs]),
+           "near_ties": sum(d["near_tie"] for r in runs for d in r.differences),
+           "other_differences": sum(not d["near_tie"] for r in runs for d in r.differences)}
     stats = [r.stats for r in runs if r.stats]
     if stats:
         proposed, accepted = sum(s["proposed"] for s in stats), sum(s["accepted"] for s in stats)

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from ..engine.stats import last_stats
 
 from ..prompts import Prompt
+from .near_tie import first_differences
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Run:
     seconds: float
     equal_to_vanilla: bool | None
     stats: dict | None = field(default=None)
+    differences: list[dict] = field(default_factory=list)  # greedy: each row's first difference from vanilla
 
 
 def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None,
@@ -65,10 +67,15 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
 
 
 def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kwargs: dict, reference=None):
-    """One timed generate() call: (sequences, seconds, stats or None).
+    """One timed generate() call: (sequences, seconds, stats or None, processed scores or None).
 
-    ``reference`` [1, L]: the target's greedy output, for acceptance-controlled modes (draft@k~alpha)."""
+    ``reference`` [1, L]: the target's greedy output, for acceptance-controlled modes (draft@k~alpha). Plain
+    decoding under greedy keeps its processed scores (both vanilla modes, so that the noise floor compares like
+    with like): they tell whether another mode's difference from it is a near-tie."""
     kwargs = dict(inputs, **generation_kwargs)
+    keep_scores = mode.startswith("vanilla") and not generation_kwargs.get("do_sample", False)
+    if keep_scores:
+        kwargs.update(output_scores=True, return_dict_in_generate=True)
     if "~" in mode:
         from .synthetic import controlled_generate
 
@@ -92,7 +99,7 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
     stats = last_stats().to_dict() if mode.startswith(("draft", "medusa", "auto", "stepwise")) else None
-    return out, seconds, stats
+    return (out.sequences, seconds, stats, out.scores) if keep_scores else (out, seconds, stats, None)
 
 
 def new_token_count(out: torch.LongTensor, inputs: dict, pad_token_id: int | None) -> int:
@@ -128,16 +135,21 @@ def run_modes(contenders: Contenders, prompts: list[Prompt], encoded: list[dict]
         for index, (prompt, inputs) in enumerate(zip(prompts, encoded)):
             shift = (index + repeat) % len(modes)
             order = modes[shift:] + modes[:shift]
-            outputs = {}
+            outputs, vanilla_scores = {}, None
             for mode in order:
                 bar.set_postfix_str(f"{prompt.category} {mode}")
                 reference = references[index] if references is not None else None
-                out, seconds, stats = generate_once(mode, contenders, inputs, generation_kwargs, reference)
+                out, seconds, stats, scores = generate_once(mode, contenders, inputs, generation_kwargs, reference)
                 outputs[mode] = out
+                vanilla_scores = scores if mode == "vanilla" else vanilla_scores
                 runs.append(Run(mode, prompt.question_id, prompt.category, repeat,
                                 new_token_count(out, inputs, pad_token_id), seconds, None, stats))
                 bar.update()
             for run in runs[-len(modes):]:
                 run.equal_to_vanilla = torch.equal(outputs[run.mode], outputs["vanilla"]) if greedy else None
+                if run.equal_to_vanilla is False:
+                    run.differences = [d.to_dict() for d in first_differences(
+                        outputs[run.mode], outputs["vanilla"], vanilla_scores, inputs["input_ids"].shape[1],
+                        contenders.target.dtype, pad_token_id)]
     bar.close()
     return runs

@@ -259,19 +259,20 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
                  config: TrainConfig | None = None, eval_every: int = 5, max_new_tokens: int = 128,
                  generation_batch_size: int = 8, do_sample: bool = False, limit: int | None = None,
                  samples_per_prompt: int = 1, temperature: float = 0.7, resume: bool = False, progress: bool = True,
-                 print_fn=print):
+                 print_fn=print, dtype: torch.dtype = torch.float32):
     """The whole recipe (module docstring) for ``model`` (an object or a Hub id / path); returns the trained
     heads and their ``Evaluation`` on the held-out prompts. Files in ``output_dir``: the heads (Medusa-1
     layout), ``checkpoint.pt``, ``cache/``, ``eval_questions.jsonl``, ``evaluation.json`` and ``tree.json``
     (the tree chosen for this machine). ``samples_per_prompt`` > 1 adds that many - 1 continuations of each
     training prompt sampled at ``temperature`` (more data from the same prompts); held-out prompts are
-    continued once, as ``do_sample`` says."""
+    continued once, as ``do_sample`` says. ``dtype``: the base model's, when it is loaded here (self-distillation
+    runs in it; the heads' weights stay float32)."""
     config = config or TrainConfig()
     if samples_per_prompt < 1:
         raise ValueError(f"samples_per_prompt must be >= 1; got {samples_per_prompt}.")
     if samples_per_prompt > 1 and not temperature > 0:
         raise ValueError(f"The extra continuations are sampled: temperature must be > 0; got {temperature}.")
-    model, tokenizer = _frozen_base(model, tokenizer)
+    model, tokenizer = _frozen_base(model, tokenizer, dtype)
     recipe = _Recipe(model, tokenizer, Path(output_dir), prompts_path, eval_every, limit, max_new_tokens,
                      generation_batch_size, config.num_heads, progress, print_fn)
     train = recipe.hidden_states("train", do_sample, samples_per_prompt, temperature, config.seed)
@@ -279,7 +280,7 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
     print_fn(f"{len(train)} training positions, {len(held_out)} held-out positions")
 
     torch.manual_seed(config.seed)
-    heads = MedusaHeads.for_model(model, config.num_heads, config.num_layers, shared_lm_head=True)
+    heads = MedusaHeads.for_model(model, config.num_heads, config.num_layers, shared_lm_head=True).float()
     if not config.shared_lm_head:  # each head's lm_head starts as the base model's, as upstream's training does
         heads = heads.with_own_lm_heads()
     train_heads(heads, train, config, recipe.output_dir, resume=resume, progress=progress,
@@ -290,12 +291,13 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
 
 def evaluate_medusa(heads, model, output_dir: str | Path | None = None, tokenizer=None,
                     prompts_path: str | Path | None = None, eval_every: int = 5, max_new_tokens: int = 128,
-                    generation_batch_size: int = 8, limit: int | None = None, progress: bool = True, print_fn=print):
+                    generation_batch_size: int = 8, limit: int | None = None, progress: bool = True, print_fn=print,
+                    dtype: torch.dtype = torch.float32):
     """Evaluate heads (a folder, Hub id or ``MedusaHeads``) on ``model``'s greedy continuations of the held-out
     prompts, as ``train_medusa`` does at its end: writes ``evaluation.json`` and ``tree.json`` to
     ``output_dir`` (default: the heads' folder) and returns the ``Evaluation``. The held-out cache is shared
-    with ``train_medusa`` runs of the same settings."""
-    model, tokenizer = _frozen_base(model, tokenizer)
+    with ``train_medusa`` runs of the same settings. ``dtype``: as for ``train_medusa``."""
+    model, tokenizer = _frozen_base(model, tokenizer, dtype)
     if not isinstance(heads, MedusaHeads):
         output_dir = output_dir or heads
         heads = load_medusa_heads(heads, base_model=model)
@@ -306,12 +308,12 @@ def evaluate_medusa(heads, model, output_dir: str | Path | None = None, tokenize
     return recipe.evaluate(heads, recipe.hidden_states("eval", do_sample=False))
 
 
-def _frozen_base(model, tokenizer):
+def _frozen_base(model, tokenizer, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(model, (str, Path)):
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
-        model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
     if tokenizer is None:
         raise ValueError("Pass the model's tokenizer (tokenizer=) when the model is an object.")
     return model.eval().requires_grad_(False), tokenizer
@@ -336,7 +338,8 @@ class _Recipe:
         print_fn(f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0)")
         self.settings = {"model": getattr(model, "name_or_path", None), "prompts": str(prompts_path), "limit": limit,
                          "eval_every": eval_every, "max_new_tokens": max_new_tokens,
-                         "num_heads": num_heads, "data_format": 2}  # 2: targets from the second-to-last prompt token
+                         "num_heads": num_heads, "data_format": 2,  # 2: targets from the second-to-last prompt token
+                         **({"dtype": str(model.dtype)} if model.dtype != torch.float32 else {})}  # fp32 caches stay valid
 
     def hidden_states(self, split: str, do_sample: bool, samples: int = 1, temperature: float = 0.7,
                       seed: int = 0) -> HiddenStates:
