@@ -38,3 +38,16 @@ def prompt(tokenizer):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(1234)
+
+
+@pytest.fixture(scope="module")
+def heads(target):
+    """Four untrained Medusa heads for the target, their output layers spread so that their guesses vary
+    (test modules that need other heads define their own)."""
+    from hf_spec.medusa import MedusaHeads
+
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_model(target, num_heads=4)
+    for head in heads.heads:
+        torch.nn.init.normal_(head[-1].weight, std=0.5)
+    return heads

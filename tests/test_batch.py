@@ -62,15 +62,6 @@ def test_adaptive_lengths_in_batches(target, drafts, batch, mode):
     assert torch.equal(out, expected)
 
 
-@pytest.fixture(scope="module")
-def heads(target):
-    torch.manual_seed(0)
-    heads = MedusaHeads.for_model(target, num_heads=4)
-    for head in heads.heads:
-        torch.nn.init.normal_(head[-1].weight, std=0.5)
-    return heads
-
-
 @pytest.mark.parametrize("batch", [1, 2, 5], indirect=True)
 @pytest.mark.parametrize("tree", ["mc_sim_7b_63", "chain_4", "auto"])
 def test_medusa_batches_with_random_heads(target, heads, batch, tree):

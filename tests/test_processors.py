@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import hf_spec
-from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.proposer import MedusaProposer
 from hf_spec.testing import VOCAB_SIZE, oracle_head_logits
 
@@ -50,15 +49,6 @@ PROCESSORS = {  # name -> the generate() keywords, from what plain decoding emit
 @pytest.fixture(params=[1, 3], ids=["batch1", "batch3"])
 def inputs(tokenizer, request):
     return tokenizer(PROMPTS[: request.param], return_tensors="pt", padding=True)
-
-
-@pytest.fixture(scope="module")
-def heads(target):
-    torch.manual_seed(0)
-    heads = MedusaHeads.for_model(target, num_heads=4)
-    for head in heads.heads:
-        torch.nn.init.normal_(head[-1].weight, std=0.5)
-    return heads
 
 
 def plain(target, inputs, **kwargs):
