@@ -59,6 +59,8 @@ class _Decoding:
         self.finished = [False] * batch_size
         self.prompt_length = call.input_ids.shape[1]
         self.prefilled: ForwardOutput | None = None  # the prefill's output when it scored the first step
+        self.prompt_left = False  # the prompt's tokens before the root are left to the first verification
+        self.carried_prompt = False  # the last verification's forward carried them
 
     @property
     def done(self) -> bool:
@@ -69,7 +71,9 @@ class _Decoding:
 
         Each step feeds the last committed token (its root) with the proposals, so the prefill stops before the
         prompt's last token; when the first step proposes nothing, the prefill takes that token too (as
-        generate()'s does) and its logits serve the first step, which then runs no forward of its own."""
+        generate()'s does) and its logits serve the first step, which then runs no forward of its own. A proposer
+        that needs nothing of the target to propose (a draft model) leaves the prompt to the first verification:
+        one forward over prompt, root and proposals instead of two (as transformers' assisted generation)."""
         call, target = self.call, self.target
         if call.streamer is not None:
             call.streamer.put(call.input_ids.cpu())
@@ -80,7 +84,8 @@ class _Decoding:
             if call.padding_mask is not None and target.length:  # a cache generate() was given: its padding
                 target.valid = call.padding_mask[:, : target.length].bool().to(target.device)
             end = self.prompt_length if k == 0 else self.prompt_length - 1
-            if target.length < end:
+            self.prompt_left = k > 0 and not self.proposer.wants_hidden_states and target.length < end
+            if target.length < end and not self.prompt_left:
                 valid = None if call.padding_mask is None else call.padding_mask[:, target.length : end].bool()
                 prefill = target.forward(call.input_ids[:, target.length : end], 1, valid=valid,
                                          hidden_states=self.proposer.wants_hidden_states)
@@ -100,7 +105,8 @@ class _Decoding:
         kept, accepted = self.accept_and_commit(proposal, output.logits)
         if self.call.batch_size > 1:
             self.stats.k_per_step.append(proposal.k)
-        verify_s = None if block_start is None else self.stats.verify_s - spent[1]  # None: no forward was timed
+        # None: no forward was timed, or the one timed carried the prompt too (not a verification's cost)
+        verify_s = None if block_start is None or self.carried_prompt else self.stats.verify_s - spent[1]
         self.schedule.observe(proposal.k, [a for a, path in zip(accepted, kept) if path],
                               self.stats.propose_s - spent[0], verify_s, self.confidence)
         self.roll_back(block_start, kept, accepted, output.hidden)
@@ -113,19 +119,40 @@ class _Decoding:
     def verify(self, proposal: Proposal) -> tuple[int | None, ForwardOutput]:
         """The target's forward over each row's root and proposals -> (the block's first cache index, or None
         when the prefill scored this step; logits [batch, k + 1, vocab] and hidden [batch, k + 1, h] or None)."""
+        self.carried_prompt = False
         if self.prefilled is not None:
             prefilled, self.prefilled = self.prefilled, None
             return None, prefilled
         roots = torch.cat([row[:, -1:] for row in self.rows])
         block = torch.cat([roots, proposal.tokens], dim=-1)  # [batch, k + 1]
         live = None if not any(self.finished) else torch.tensor([not done for done in self.finished]).unsqueeze(1)
+        valid = None if live is None else live.expand_as(block)
         tree = proposal.tree
-        block_start = self.target.length
-        output = self.target.forward(block, block.shape[1], valid=None if live is None else live.expand_as(block),
+        if self.prompt_left:  # the first step: the prompt's tokens the cache lacks go in front of the root
+            self.prompt_left, self.carried_prompt = False, tree is None
+            block, valid = self._with_prompt(block, valid, feed=tree is None)
+        block_start = self.target.length + block.shape[1] - (proposal.k + 1)
+        output = self.target.forward(block, proposal.k + 1, valid=valid,
                                      hidden_states=self.proposer.wants_hidden_states,
                                      tree_mask=None if tree is None else tree.ancestor_mask,
                                      tree_depths=None if tree is None else tree.depths)
         return block_start, output
+
+    def _with_prompt(self, block: torch.LongTensor, valid, feed: bool):
+        """The block with the prompt's unfed tokens in front ([batch, unfed + k + 1] and its validity), or, for a
+        tree (whose mask covers its own block only), the block as it was after a prefill of those tokens."""
+        call, target = self.call, self.target
+        unfed = call.input_ids[:, target.length : self.prompt_length - 1]
+        padding = call.padding_mask
+        unfed_valid = None if padding is None else padding[:, target.length : self.prompt_length - 1].bool()
+        if not feed:
+            target.forward(unfed, 1, valid=unfed_valid)
+            return block, valid
+        if unfed_valid is not None or valid is not None:
+            unfed_valid = unfed_valid if unfed_valid is not None else torch.ones_like(unfed, dtype=torch.bool)
+            valid = torch.cat([unfed_valid, valid if valid is not None else torch.ones_like(block, dtype=torch.bool)],
+                              dim=-1)
+        return torch.cat([unfed.to(block.device), block], dim=-1), valid
 
     def accept_and_commit(self, proposal: Proposal, logits: torch.Tensor) -> tuple[list[list[int]], list[int]]:
         """Each live row's rule picks its accepted path; the tokens are committed one by one. Returns each
