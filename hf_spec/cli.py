@@ -179,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also run the draft quantized by bitsandbytes (rows draft-4bit@k / draft-8bit@k)")
     bench.add_argument("--medusa-heads", help="Medusa heads (Hub id or path), for the medusa mode")
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63), \"auto\", a JSON list of paths or a .json file of one (train-medusa writes tree.json)")
-    bench.add_argument("--modes", type=bench_modes, default="vanilla,assisted,draft",
-                       help="any of vanilla, assisted, draft, auto, stepwise, medusa (vanilla among them)")
+    bench.add_argument("--modes", type=bench_modes,
+                       help="any of vanilla, assisted, draft, auto, stepwise, medusa (vanilla among them; default "
+                            "vanilla,assisted,draft, with --synthetic vanilla,draft)")
     bench.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
     bench.add_argument("--questions", help="prompts jsonl or text file (default: the Spec-Bench questions shipped "
                                            "with hf-spec)")
@@ -369,6 +370,17 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UsageError("--target needs --draft (a smaller model with the same tokenizer) or --medusa-heads")
     if args.command == "bench" and not args.synthetic and not args.target:
         raise UsageError("bench needs --target (or --synthetic TARGET:DRAFT)")
+    if args.command == "bench" and args.modes is None:
+        args.modes = bench_modes("vanilla,draft" if args.synthetic else "vanilla,assisted,draft")
+    if args.command == "bench" and args.synthetic:
+        others = sorted({mode for mode in args.modes if mode not in ("vanilla", "draft")})
+        if others:
+            raise UsageError(f"--synthetic runs the modes vanilla and draft only (random weights, acceptance set by "
+                             f"--alpha); drop {', '.join(others)} from --modes")
+    if args.command == "plan" and args.draft_quantization and not args.draft:
+        raise UsageError("--draft-quantization needs --draft (the model to quantize)")
+    if args.command == "evaluate-medusa" and args.output is None and not os.path.isdir(os.path.expanduser(args.heads)):
+        raise UsageError("--heads is not a local folder, so the evaluation has nowhere to go by default: pass --output")
 
 
 def _one_line(error: BaseException) -> str:

@@ -275,7 +275,8 @@ def test_interrupt_is_one_line_and_130_and_a_bug_keeps_its_traceback(capsys, mon
 
 def test_lists_and_defaults_parse_to_values():
     args = build_parser().parse_args(["bench", "--target", "t", "--k", "3, 5", "--alpha", "0,1"])
-    assert args.k == [3, 5] and args.alpha == [0.0, 1.0] and args.modes == ["vanilla", "assisted", "draft"]
+    assert args.k == [3, 5] and args.alpha == [0.0, 1.0] and args.modes is None  # the default: per --synthetic
+    assert build_parser().parse_args(["bench", "--modes", "vanilla,auto"]).modes == ["vanilla", "auto"]
     assert build_parser().parse_args(["plan", "--target", "t"]).gpu_memory == 24 * 1024**3
     assert build_parser().parse_args(["bench", "--target", "t", "--warmup", "0"]).warmup == 0
 
@@ -286,3 +287,24 @@ def test_lists_and_defaults_parse_to_values():
 ])
 def test_what_counts_as_a_local_path(value, local):
     assert looks_local(value) is local
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--synthetic", "tiny:tiny", "--modes", "vanilla,auto"], "--synthetic runs the modes vanilla and draft"),
+    (["plan", "--target", "org/model", "--draft-quantization", "4bit"], "--draft-quantization needs --draft"),
+    (["evaluate-medusa", "--heads", "org/heads", "--model", "org/model"], "pass --output"),
+])
+def test_options_that_would_be_silently_ignored_are_refused(capsys, argv, message):
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    assert excinfo.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_synthetic_bench_defaults_to_its_own_modes(monkeypatch):
+    import hf_spec.bench
+
+    seen = {}
+    monkeypatch.setattr(hf_spec.bench, "main", lambda args: seen.setdefault("modes", args.modes) and 0)
+    main(["bench", "--synthetic", "tiny:tiny"])
+    assert seen["modes"] == ["vanilla", "draft"]
