@@ -364,10 +364,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     """What each subcommand can check without loading a model."""
     check_paths(args)
     if args.command == "demo":
-        if args.target is None and (args.draft or args.medusa_heads):
-            raise UsageError("--draft and --medusa-heads need --target")
-        if args.target is not None and not (args.draft or args.medusa_heads):
-            raise UsageError("--target needs --draft (a smaller model with the same tokenizer) or --medusa-heads")
+        from .demo import check_model_choice
+
+        check_model_choice(args.target, args.draft, args.medusa_heads)
     if args.command == "bench" and not args.synthetic and not args.target:
         raise UsageError("bench needs --target (or --synthetic TARGET:DRAFT)")
     if args.command == "bench" and args.modes is None:
@@ -405,10 +404,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, OSError) as error:  # FileNotFoundError is an OSError: bad input, not a bug
         subparser.error(_one_line(error))
-    except SystemExit as exit_:
-        if isinstance(exit_.code, str):  # a message the package stopped with (e.g. the demo's)
-            subparser.error(_one_line(exit_))
-        raise
 
 
 def run(args: argparse.Namespace) -> int:

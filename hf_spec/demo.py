@@ -29,16 +29,21 @@ class DemoModels:
     medusa_heads: object = None
 
 
+def check_model_choice(target: str | None, draft: str | None, medusa_heads: str | None) -> None:
+    """The demo runs the tiny offline models, or a target with a draft and/or Medusa heads."""
+    if target is None and (draft is not None or medusa_heads is not None):
+        raise ValueError("--draft and --medusa-heads need --target")
+    if target is not None and draft is None and medusa_heads is None:
+        raise ValueError("--target needs --draft (a smaller model with the same tokenizer) or --medusa-heads")
+
+
 def load_models(target: str | None, draft: str | None, medusa_heads: str | None, dtype: str) -> DemoModels:
+    check_model_choice(target, draft, medusa_heads)
     if target is None:
-        if draft is not None or medusa_heads is not None:
-            raise SystemExit("--draft and --medusa-heads need --target.")
         tiny = tiny_causal_lm("llama", hidden_size=64, num_layers=4)
         return DemoModels(tiny, char_tokenizer(), "tiny random-weight Llama (offline; text is noise), a perturbed "
                           "copy as draft, untrained Medusa heads (they are rarely right)",
                           draft=perturbed_draft(tiny, noise=0.1), medusa_heads=MedusaHeads.for_model(tiny, 4))
-    if draft is None and medusa_heads is None:
-        raise SystemExit("--target needs --draft (a smaller model with the same tokenizer) or --medusa-heads.")
     torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(target)
     target_model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype).eval()

@@ -308,3 +308,16 @@ def test_the_synthetic_bench_defaults_to_its_own_modes(monkeypatch):
     monkeypatch.setattr(hf_spec.bench, "main", lambda args: seen.setdefault("modes", args.modes) and 0)
     main(["bench", "--synthetic", "tiny:tiny"])
     assert seen["modes"] == ["vanilla", "draft"]
+
+
+def test_plot_without_matplotlib_is_refused_before_the_benchmark(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    monkeypatch.setattr("hf_spec.bench.synthetic.random_model", lambda *a, **k: pytest.fail("the benchmark started"))
+    with pytest.raises(SystemExit) as excinfo:
+        main(["bench", "--synthetic", "tiny:tiny", "--plot", str(tmp_path / "x.png")])
+    assert excinfo.value.code == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err.strip().splitlines()[-1]

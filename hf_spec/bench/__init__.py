@@ -5,6 +5,7 @@ cost-model prediction (``hf_spec.engine.costs``) are printed beside every speedu
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -14,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .calibrate import calibrate
 from .near_tie import Difference
-from .report import format_report, plot, summarize, write_json
+from .report import PLOT_NEEDS, format_report, plot, summarize, write_json
 from ..draft.loading import resolve_draft
 from ..medusa import load_medusa_heads
 from ..prompts import batch_prompts, encode, load_prompts
@@ -165,7 +166,9 @@ def check_synthetic_fits(args) -> None:
 
 def check_args(args) -> None:
     """What can be checked before any model loads: the tree, the modes against the models given, the synthetic
-    shapes and device. Raises ValueError / FileNotFoundError."""
+    shapes and device, matplotlib for --plot. Raises ValueError / FileNotFoundError."""
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(PLOT_NEEDS)  # before the benchmark runs, not after it
     if args.synthetic:
         synthetic_configs(args.synthetic)
         device = str(args.device)

@@ -144,6 +144,9 @@ def write_json(path, rows: list[dict], runs: list[Run], costs: Costs | None, set
                    "rows": rows, "runs": [asdict(r) for r in runs]}, f, indent=1)
 
 
+PLOT_NEEDS = "--plot needs matplotlib: pip install 'hf-spec[bench]'"
+
+
 def plot(path, rows: list[dict]) -> None:
     try:
         import matplotlib
@@ -151,7 +154,7 @@ def plot(path, rows: list[dict]) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:
-        raise SystemExit("--plot needs matplotlib: pip install 'hf-spec[bench]'") from error
+        raise ValueError(PLOT_NEEDS) from error
     figure, (speed_axis, accept_axis) = plt.subplots(1, 2, figsize=(10, 4))
     overall = [r for r in rows if r["category"] == "all" and "@" in r["mode"]]
     for family in dict.fromkeys(r["mode"].split("@")[0] for r in overall):
