@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--draft", help="draft model (Hub id or path), for the assisted and draft modes")
     bench.add_argument("--draft-quantization", choices=["4bit", "8bit"],
                        help="also run the draft quantized by bitsandbytes (rows draft-4bit@k / draft-8bit@k)")
+    bench.add_argument("--draft-vocab-size", type=positive_int,
+                       help="the draft modes score only this many target ids (the lowest, plus eos and the "
+                            "prompt's tokens): a cheaper draft, the same output")
     bench.add_argument("--medusa-heads", help="Medusa heads (Hub id or path), for the medusa mode")
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63), \"auto\", a JSON list of paths or a .json file of one (train-medusa writes tree.json)")
     bench.add_argument("--modes", type=bench_modes,

@@ -30,16 +30,16 @@ def pair():
     return target, draft
 
 
-def exact_joint(target) -> dict[tuple, float]:
+def exact_joint(target, prompt=PROMPT) -> dict[tuple, float]:
     """P(t1, t2, t3 | prompt) under the target after generate()'s processors, by enumeration."""
     processors = LogitsProcessorList([
-        MinNewTokensLengthLogitsProcessor(PROMPT.shape[1], NEW_TOKENS, torch.tensor([2])),
+        MinNewTokensLengthLogitsProcessor(prompt.shape[1], NEW_TOKENS, torch.tensor([2])),
         TemperatureLogitsWarper(SAMPLING["temperature"]),
         TopPLogitsWarper(SAMPLING["top_p"]),
     ])
 
     def next_probs(prefix):
-        ids = torch.cat([PROMPT, torch.tensor([prefix], dtype=torch.long)], dim=-1)
+        ids = torch.cat([prompt, torch.tensor([prefix], dtype=torch.long)], dim=-1)
         with torch.no_grad():
             logits = target(ids).logits[:, -1].float()
         return processors(ids, logits).softmax(-1)[0]
@@ -71,14 +71,15 @@ def chi_square_p_value(samples: list[tuple], joint: dict[tuple, float]) -> float
     return stats.chisquare(observed, expected).pvalue
 
 
-def draw(pair, k=2) -> tuple[list[tuple], float]:
+def draw(pair, k=2, prompt=PROMPT, **kwargs) -> tuple[list[tuple], float]:
     """DRAWS speculative samples of NEW_TOKENS tokens, and the acceptance rate over all of them."""
     target, draft = pair
     torch.manual_seed(0)
     samples, accepted, proposed = [], 0, 0
     for _ in range(DRAWS):
-        out = target.generate(PROMPT, strategy="draft", draft_model=draft, num_speculative_tokens=k, **SAMPLING)
-        samples.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
+        out = target.generate(prompt, strategy="draft", draft_model=draft, num_speculative_tokens=k, **SAMPLING,
+                              **kwargs)
+        samples.append(tuple(out[0, prompt.shape[1]:].tolist()))
         accepted += hf_spec.last_stats().accepted
         proposed += hf_spec.last_stats().proposed
     return samples, accepted / proposed
@@ -90,6 +91,17 @@ def test_speculative_sampling_recovers_the_target_distribution(pair):
     samples, acceptance_rate = draw(pair)
     assert chi_square_p_value(samples, joint) > ALPHA
     # the draft differs from the target (else the wrong rules below would be right) but is often accepted
+    assert 0.2 < acceptance_rate < 0.95
+
+
+def test_a_draft_vocabulary_subset_keeps_the_target_distribution(pair):
+    # the draft scores id 0, the prompt's 4 and 5 and eos 2: it can never propose 1 or 3, which the target
+    # samples often; q must be the subset's own distribution for the rule to stay exact
+    prompt = torch.tensor([[5, 5, 4]])
+    joint = exact_joint(pair[0], prompt)
+    assert sum(p for cell, p in joint.items() if {1, 3} & set(cell)) > 0.3
+    samples, acceptance_rate = draw(pair, prompt=prompt, draft_vocab_size=1)
+    assert chi_square_p_value(samples, joint) > ALPHA
     assert 0.2 < acceptance_rate < 0.95
 
 

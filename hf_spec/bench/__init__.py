@@ -20,6 +20,7 @@ from ..draft.loading import resolve_draft
 from ..medusa import load_medusa_heads
 from ..prompts import batch_prompts, encode, load_prompts
 from ..engine.trees import build_tree_buffers, resolve_tree
+from ..token_map import TokenMap
 from .run import Contenders, mode_names, run_modes
 
 
@@ -55,7 +56,12 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     costs = None
     if calibrate_costs and any(name.startswith(("draft@", "medusa")) for name in names):
         widths = [k + 1 for k in ks] + ([tree_nodes + 1] if tree_nodes else [])
-        costs = calibrate(contenders.target, contenders.draft, prompt_length, max_new_tokens, widths)
+        draft_head = None
+        if contenders.draft_vocab_size and contenders.draft is not None:
+            vocab = contenders.draft.get_output_embeddings().weight.shape[0]
+            draft_head = TokenMap.lowest_ids(contenders.draft_vocab_size, vocab).head_of(contenders.draft)
+        costs = calibrate(contenders.target, contenders.draft, prompt_length, max_new_tokens, widths,
+                          draft_head=draft_head)
     references = None
     if alphas:  # the target's own greedy continuations, for the controlled proposer (untimed)
         references = [contenders.target.generate(**inputs, **generation_kwargs) for inputs in encoded]
@@ -188,6 +194,8 @@ def check_args(args) -> None:
         raise ValueError("the medusa mode needs Medusa heads: pass --medusa-heads.")
     if args.draft_quantization and not args.draft:
         raise ValueError("--draft-quantization needs --draft.")
+    if args.draft_vocab_size and not args.draft:
+        raise ValueError("--draft-vocab-size needs --draft.")
     if args.batch_size > 1 and "assisted" in modes:
         raise ValueError("transformers' assisted generation takes one row at a time: drop the assisted mode from "
                          "--modes for --batch-size > 1.")
@@ -207,7 +215,7 @@ def main(args) -> int:
     quantized = None
     if args.draft_quantization:
         quantized = resolve_draft(args.draft, target, draft_quantization=args.draft_quantization)
-    contenders = Contenders(target, draft, heads, tree, quantized, args.draft_quantization)
+    contenders = Contenders(target, draft, heads, tree, quantized, args.draft_quantization, args.draft_vocab_size)
     rows = run_bench(contenders, tokenizer, prompts=prompts, modes=items(args.modes), ks=items(args.k, int),
                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, do_sample=args.do_sample,
                      temperature=args.temperature, json_path=args.json, plot_path=args.plot,

@@ -5,13 +5,17 @@ from ..engine.costs import Costs
 from ..engine.timing import forward_seconds
 
 
-def calibrate(target, draft, prompt_length: int, new_tokens: int, widths: list[int], repeats: int = 5) -> Costs:
+def calibrate(target, draft, prompt_length: int, new_tokens: int, widths: list[int], repeats: int = 5,
+              draft_head=None) -> Costs:
     """Costs at the context a mid-generation step sees: the prompt plus half the new tokens.
-    ``widths``: the verification widths to time besides 1 and 2 (k + 1 for chains, n + 1 for trees)."""
+    ``widths``: the verification widths to time besides 1 and 2 (k + 1 for chains, n + 1 for trees);
+    ``draft_head``: what scores the draft's proposals when not its own output layer (a draft vocabulary)."""
     context = prompt_length + new_tokens // 2
     return Costs(
         verify={w: forward_seconds(target, context, w, repeats) for w in sorted({1, 2, *widths})},
-        draft={w: forward_seconds(draft, context, w, repeats) for w in (1, 2)} if draft is not None else {},
+        draft={w: forward_seconds(draft, context, w, repeats, head=draft_head) for w in (1, 2)} if draft is not None
+        else {},
         target_prefill=forward_seconds(target, 0, prompt_length, repeats=1),
-        draft_prefill=forward_seconds(draft, 0, prompt_length, repeats=1) if draft is not None else 0.0,
+        draft_prefill=forward_seconds(draft, 0, prompt_length, repeats=1, head=draft_head) if draft is not None
+        else 0.0,
     )

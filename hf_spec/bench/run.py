@@ -28,6 +28,7 @@ class Contenders:
     tree: object = None
     quantized_draft: object = None  # the draft loaded by bitsandbytes (rows draft-4bit@k)
     quantization: str | None = None
+    draft_vocab_size: int | None = None  # the draft strategy's draft_vocab_size (rows draft@k, stepwise, auto)
 
 
 @dataclass
@@ -90,11 +91,13 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
         kwargs["assistant_model"] = contenders.draft
     elif mode.startswith("draft"):
         draft = contenders.quantized_draft if mode.startswith("draft-") else contenders.draft
-        kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]))
+        kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]),
+                      draft_vocab_size=contenders.draft_vocab_size)
     elif mode == "medusa":
         kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
     elif mode in ("auto", "stepwise"):
-        kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=mode)
+        kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=mode,
+                      draft_vocab_size=contenders.draft_vocab_size)
     start = time.perf_counter()
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start

@@ -7,6 +7,7 @@ from transformers import LogitsProcessorList
 from ..engine.cache import new_cache
 from ..engine.proposer import Proposal
 from ..engine.runner import CachedModel
+from ..token_map import TokenMap
 from ..verify.processing import process_row
 
 
@@ -16,14 +17,18 @@ class DraftModelProposer:
     For each row the cache covers a prefix of the committed tokens plus the proposals fed so far. Each call
     feeds whatever committed tokens the cache lacks (the whole prompt the first time, then usually the bonus
     token; rows that lack fewer get holes in front), then one token per proposal; the last proposal is never
-    fed. Rejections are forgotten by cropping and masking (``advance``), never by re-prefilling.
+    fed. Rejections are forgotten by cropping and masking (``advance``), never by re-prefilling. With a
+    ``token_map`` the draft scores only those target ids (its output layer restricted to them): cheaper proposals,
+    the same output.
     """
 
     name = "draft"
     wants_hidden_states = False
 
-    def __init__(self, draft, padding_mask: torch.Tensor | None, batch_size: int = 1):
-        self.draft = CachedModel(draft, new_cache(draft), batch_size)
+    def __init__(self, draft, padding_mask: torch.Tensor | None, batch_size: int = 1,
+                 token_map: TokenMap | None = None):
+        head = None if token_map is None else token_map.head_of(draft)
+        self.draft = CachedModel(draft, new_cache(draft), batch_size, head=head)
         self.pads = [0] * batch_size if padding_mask is None else (padding_mask == 0).sum(1).tolist()
         self.covered = [0] * batch_size  # committed tokens of each row the cache holds (left padding included)
         self._pending = None  # what the last proposal fed: (block start, catch-up width and counts, lengths, k)

@@ -51,15 +51,19 @@ class CachedModel:
     the torch reference, or the Triton kernel on CUDA, ``hf_spec.verify.backends``).
     """
 
-    def __init__(self, model, cache: Cache, batch_size: int = 1, compact_layer=compact_layer_torch):
+    def __init__(self, model, cache: Cache, batch_size: int = 1, compact_layer=compact_layer_torch, head=None):
         self.model = model
         self.cache = cache
+        # head: a function from last hidden states to logits that replaces the model's own output layer (e.g. one
+        # restricted to a draft vocabulary); the model's base then runs alone
+        self.head = head
+        self._network = model if head is None else model.base_model
         self.compact_layer = compact_layer
         self.device = model.device
         self.batch_size = batch_size
         self._valid: torch.BoolTensor | None = None
-        self._cache_kwargs = cache_kwargs(model, cache)
-        self._takes_logits_to_keep = takes_logits_to_keep(type(model))
+        self._cache_kwargs = cache_kwargs(self._network, cache)
+        self._takes_logits_to_keep = head is None and takes_logits_to_keep(type(model))
 
     @property
     def length(self) -> int:
@@ -91,10 +95,14 @@ class CachedModel:
             layout = self._chain_layout(n, past, block)
         else:
             layout = self._tree_layout(tree_mask.to(self.device), tree_depths.to(self.device), past, block)
-        outputs = self.model(input_ids=tokens, **layout, **self._cache_kwargs, use_cache=True,
-                             output_hidden_states=hidden_states, **extra)
+        outputs = self._network(input_ids=tokens, **layout, **self._cache_kwargs, use_cache=True,
+                                output_hidden_states=hidden_states and self.head is None, **extra)
         if masked:
             self.valid = torch.cat([past, block], dim=-1)
+        if self.head is not None:
+            last = outputs.last_hidden_state
+            last = last[:, -logits_to_keep:] if logits_to_keep else last
+            return ForwardOutput(self.head(last), last if hidden_states else None)
         logits = outputs.logits
         logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
         hidden = outputs.hidden_states[-1][:, -logits.shape[1]:] if hidden_states else None

@@ -12,14 +12,16 @@ from .runner import CachedModel
 from .trees import TreeBuffers
 
 
-def forward_seconds(model, context: int, width: int, repeats: int = 3, tree: TreeBuffers | None = None) -> float:
+def forward_seconds(model, context: int, width: int, repeats: int = 3, tree: TreeBuffers | None = None,
+                    head=None) -> float:
     """Median time of one forward of ``width`` new tokens on a cache warm with ``context`` tokens
     (``context`` 0: a prefill of ``width`` tokens); with ``tree`` (width = its nodes + the root), verified as
-    that tree, with its attention mask. Token values do not change the cost: random ids."""
+    that tree, with its attention mask; with ``head``, scored by it instead of the model's output layer (see
+    ``CachedModel``). Token values do not change the cost: random ids."""
     if tree is not None and width != tree.num_nodes + 1:
         raise ValueError(f"A tree of {tree.num_nodes} nodes is verified {tree.num_nodes + 1} wide, not {width}.")
     vocab = model.get_output_embeddings().weight.shape[0]
-    runner = CachedModel(model, new_cache(model))
+    runner = CachedModel(model, new_cache(model), head=head)
     layout = {} if tree is None else {"tree_mask": tree.ancestor_mask, "tree_depths": tree.depths}
 
     def verify():
