@@ -181,9 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the draft modes score only this many target ids (the lowest, plus eos and the "
                             "prompt's tokens): a cheaper draft, the same output")
     bench.add_argument("--medusa-heads", help="Medusa heads (Hub id or path), for the medusa mode")
+    bench.add_argument("--eagle-model", help="EAGLE draft (Hub id or path), for the eagle mode")
+    bench.add_argument("--eagle-nodes", type=positive_int,
+                       help="tree nodes the eagle mode verifies per step (default: auto)")
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63), \"auto\", a JSON list of paths or a .json file of one (train-medusa writes tree.json)")
     bench.add_argument("--modes", type=bench_modes,
-                       help="any of vanilla, assisted, draft, auto, stepwise, medusa (vanilla among them; default "
+                       help="any of vanilla, assisted, draft, auto, stepwise, medusa, eagle (vanilla among them; default "
                             "vanilla,assisted,draft, with --synthetic vanilla,draft)")
     bench.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
     bench.add_argument("--questions", help="prompts jsonl or text file (default: the Spec-Bench questions shipped "

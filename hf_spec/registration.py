@@ -41,6 +41,7 @@ STRATEGIES = {
     "draft": Strategy("draft", "hf_spec.draft:generate",
                       {"assistant_model": "draft_model", "assistant_tokenizer": "draft_tokenizer"}),
     "medusa": Strategy("medusa", "hf_spec.medusa.generate:generate"),
+    "eagle": Strategy("eagle", "hf_spec.eagle.generate:generate"),
 }
 
 _original_generate = None
@@ -70,13 +71,12 @@ def check_foreign_keywords(name: str, kwargs: dict) -> None:
     generate() would fail on it as an unused model keyword or, for transformers' own keywords such as
     assistant_model, silently drop it."""
     own = strategy_keywords(name)
-    for other in strategy_names():
-        if other == name:
-            continue
-        for keyword in sorted(strategy_keywords(other) - own):
-            if kwargs.get(keyword) is not None:
-                raise ValueError(f"{keyword}= belongs to strategy={other!r}; strategy={name!r} does not take it. "
-                                 f"Use strategy={other!r}, or drop {keyword}=.")
+    for keyword in sorted(k for k, value in kwargs.items() if value is not None and k not in own):
+        owners = [other for other in strategy_names() if other != name and keyword in strategy_keywords(other)]
+        if owners:
+            names = " or ".join(repr(other) for other in owners)
+            raise ValueError(f"{keyword}= belongs to strategy={names}; strategy={name!r} does not take it. "
+                             f"Use strategy={names}, or drop {keyword}=.")
 
 
 def strategy_kwargs(name: str, kwargs: dict, model=None) -> dict:

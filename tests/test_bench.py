@@ -92,8 +92,9 @@ def test_mode_names():
         mode_names(["draft"], [3])
     assert mode_names(["vanilla", "medusa"], [3]) == ["vanilla", "vanilla-again", "medusa"]
     assert mode_names(["vanilla", "auto"], [3]) == ["vanilla", "vanilla-again", "auto"]
-    with pytest.raises(ValueError, match="Unknown mode 'eagle'"):
-        mode_names(["vanilla", "eagle"], [3])
+    assert mode_names(["vanilla", "eagle"], [3]) == ["vanilla", "vanilla-again", "eagle"]
+    with pytest.raises(ValueError, match="Unknown mode 'lookahead'"):
+        mode_names(["vanilla", "lookahead"], [3])
 
 
 def test_bench_end_to_end_json_and_plot(tmp_path):

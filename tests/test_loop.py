@@ -19,7 +19,7 @@ class TreeFromReference:
     whose other nodes are wrong; it needs no hidden state, like a lookup proposer."""
 
     name = "reference-tree"
-    wants_hidden_states = False
+    hidden_layers = ()
 
     def __init__(self, reference: list[int]):
         self.reference = reference

@@ -275,8 +275,9 @@ def test_strategy_keywords_come_from_the_callables():
 
 @pytest.mark.parametrize("strategy, kwargs, owner", [
     ("draft", {"medusa_heads": "some/heads"}, "medusa"),
-    ("draft", {"tree": "mc_sim_7b_63"}, "medusa"),
-    ("medusa", {"num_speculative_tokens": 3}, "draft"),
+    ("draft", {"tree": "mc_sim_7b_63"}, "eagle' or 'medusa"),
+    ("medusa", {"eagle_model": "some/eagle"}, "eagle"),
+    ("medusa", {"num_speculative_tokens": 3}, "draft' or 'eagle"),
     ("medusa", {"draft_model": "some/draft"}, "draft"),
     ("medusa", {"assistant_model": "some/draft"}, "draft"),
 ])

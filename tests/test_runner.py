@@ -231,7 +231,7 @@ def test_chain_forward_in_pieces_equals_one_plain_forward(target):
     assert model.length == 7
     assert prefill.logits.shape == (1, 1, VOCAB_SIZE) and prefill.hidden is None
     close(prefill.logits, expected.logits[:, 6:7])
-    block = model.forward(ids[:, 7:], hidden_states=True)
+    block = model.forward(ids[:, 7:], hidden_layers=(-1,))
     assert model.length == 10 and model.valid is None
     close(block.logits, expected.logits[:, 7:])
     close(block.hidden, expected.hidden_states[-1][:, 7:])
@@ -242,9 +242,18 @@ def test_chain_forward_logits_to_keep(target):
     expected = plain_logits(target, ids)
     model = CachedModel(target, new_cache(target))
     model.forward(ids[:, :4])
-    out = model.forward(ids[:, 4:], 2, hidden_states=True)
-    assert out.logits.shape == (1, 2, VOCAB_SIZE) and out.hidden.shape[:2] == (1, 2)
+    out = model.forward(ids[:, 4:], 2, hidden_layers=(-1,))
+    assert out.logits.shape == (1, 2, VOCAB_SIZE) and out.hidden.shape[:2] == (1, 5)  # hidden: every entry fed
     close(out.logits, expected[:, 7:])
+
+
+def test_hidden_layers_are_concatenated_in_the_order_asked(target):
+    ids = tokens(6, seed=2)
+    expected = target(input_ids=ids, output_hidden_states=True).hidden_states
+    model = CachedModel(target, new_cache(target))
+    model.forward(ids[:, :2])
+    out = model.forward(ids[:, 2:], 1, hidden_layers=(0, 2, -1))
+    close(out.hidden, torch.cat([expected[0][:, 2:], expected[2][:, 2:], expected[-1][:, 2:]], dim=-1))
 
 
 def test_rollback_then_forward_recomputes(target):

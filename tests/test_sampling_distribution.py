@@ -202,3 +202,50 @@ def test_tree_sampling_without_renormalisation_is_caught(pair, medusa_heads, mon
     wrong = dataclasses.replace(TORCH, sample=_no_renormalisation)
     monkeypatch.setattr(medusa_generate, "get_verifier", lambda name, device: wrong)
     assert chi_square_p_value(draw_medusa(pair[0], medusa_heads)[0], exact_joint(pair[0])) < ALPHA
+
+
+# --- EAGLE: lossless sampling over a dynamic tree, a different tree each step ---
+
+@pytest.fixture(scope="module")
+def eagle_draft(pair):
+    from transformers import LlamaConfig
+
+    from hf_spec.eagle import EagleDraft
+
+    target = pair[0]
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=VOCAB, num_hidden_layers=1)
+    torch.manual_seed(4)
+    draft = EagleDraft(config, 3, 3 * 16, aux_layers=(0, 1, 2))
+    for parameter in draft.parameters():
+        torch.nn.init.normal_(parameter, std=0.5)
+    return draft.eval()
+
+
+def draw_eagle(target, draft) -> tuple[list[tuple], int]:
+    torch.manual_seed(0)
+    samples, accepted = [], 0
+    for _ in range(DRAWS):
+        out = target.generate(PROMPT, strategy="eagle", eagle_model=draft, num_speculative_tokens=4, tree_depth=2,
+                              tree_top_k=2, **SAMPLING)
+        samples.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
+        accepted += hf_spec.last_stats().accepted
+    return samples, accepted
+
+
+def test_eagle_sampling_recovers_the_target_distribution(pair, eagle_draft):
+    samples, accepted = draw_eagle(pair[0], eagle_draft)
+    assert accepted > DRAWS // 2
+    assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
+
+
+def test_eagle_sampling_without_renormalisation_is_caught(pair, eagle_draft, monkeypatch):
+    import dataclasses
+    import importlib
+
+    from hf_spec.verify import TORCH
+
+    eagle_generate = importlib.import_module("hf_spec.eagle.generate")
+    wrong = dataclasses.replace(TORCH, sample=_no_renormalisation)
+    monkeypatch.setattr(eagle_generate, "get_verifier", lambda name, device: wrong)
+    assert chi_square_p_value(draw_eagle(pair[0], eagle_draft)[0], exact_joint(pair[0])) < ALPHA

@@ -17,6 +17,7 @@ from .calibrate import calibrate
 from .near_tie import Difference
 from .report import PLOT_NEEDS, format_report, plot, summarize, write_json
 from ..draft.loading import resolve_draft
+from ..eagle import load_eagle_draft
 from ..medusa import load_medusa_heads
 from ..prompts import batch_prompts, encode, load_prompts
 from ..engine.trees import build_tree_buffers, resolve_tree
@@ -44,6 +45,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     if any(n.startswith(("assisted@", "draft@", "auto", "stepwise")) for n in names) and contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
     tree_nodes = None
+    if "eagle" in names and contenders.eagle_model is None:
+        raise ValueError("The eagle mode needs an EAGLE draft (--eagle-model).")
     if "medusa" in names:
         if contenders.medusa_heads is None:
             raise ValueError("The medusa mode needs Medusa heads (--medusa-heads).")
@@ -192,6 +195,10 @@ def check_args(args) -> None:
                          "of --modes.")
     if "medusa" in modes and not args.medusa_heads:
         raise ValueError("the medusa mode needs Medusa heads: pass --medusa-heads.")
+    if "eagle" in modes and not args.eagle_model:
+        raise ValueError("the eagle mode needs an EAGLE draft: pass --eagle-model.")
+    if args.eagle_nodes and "eagle" not in modes:
+        raise ValueError("--eagle-nodes sets the eagle mode's tree size: add eagle to --modes.")
     if args.draft_quantization and not args.draft:
         raise ValueError("--draft-quantization needs --draft.")
     if args.draft_vocab_size and not args.draft:
@@ -215,7 +222,9 @@ def main(args) -> int:
     quantized = None
     if args.draft_quantization:
         quantized = resolve_draft(args.draft, target, draft_quantization=args.draft_quantization)
-    contenders = Contenders(target, draft, heads, tree, quantized, args.draft_quantization, args.draft_vocab_size)
+    eagle = load_eagle_draft(args.eagle_model, target=target) if args.eagle_model else None
+    contenders = Contenders(target, draft, heads, tree, quantized, args.draft_quantization, args.draft_vocab_size,
+                            eagle, args.eagle_nodes or "auto")
     rows = run_bench(contenders, tokenizer, prompts=prompts, modes=items(args.modes), ks=items(args.k, int),
                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, do_sample=args.do_sample,
                      temperature=args.temperature, json_path=args.json, plot_path=args.plot,

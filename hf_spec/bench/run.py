@@ -2,7 +2,7 @@
 
 Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
 itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
-``draft@k``, ``auto`` and ``stepwise`` (num_speculative_tokens="auto" / "stepwise") and ``medusa``.
+``draft@k``, ``auto`` and ``stepwise`` (num_speculative_tokens="auto" / "stepwise"), ``medusa`` and ``eagle``.
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ class Contenders:
     quantized_draft: object = None  # the draft loaded by bitsandbytes (rows draft-4bit@k)
     quantization: str | None = None
     draft_vocab_size: int | None = None  # the draft strategy's draft_vocab_size (rows draft@k, stepwise, auto)
+    eagle_model: object = None  # an EagleDraft (row eagle)
+    eagle_nodes: int | str = "auto"  # the eagle row's num_speculative_tokens
 
 
 @dataclass
@@ -58,10 +60,11 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += [f"{mode}@{k}" for k in ks]
             if mode == "draft" and quantization:
                 names += [f"draft-{quantization}@{k}" for k in ks]
-        elif mode in ("medusa", "auto", "stepwise"):
+        elif mode in ("medusa", "eagle", "auto", "stepwise"):
             names.append(mode)
         else:
-            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, auto, stepwise, medusa.")
+            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, auto, stepwise, medusa, "
+                             "eagle.")
     if "vanilla" not in names:
         raise ValueError("--modes must include vanilla: every speedup is measured against it.")
     return names
@@ -95,13 +98,16 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
                       draft_vocab_size=contenders.draft_vocab_size)
     elif mode == "medusa":
         kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
+    elif mode == "eagle":
+        kwargs.update(strategy="eagle", eagle_model=contenders.eagle_model,
+                      num_speculative_tokens=contenders.eagle_nodes)
     elif mode in ("auto", "stepwise"):
         kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=mode,
                       draft_vocab_size=contenders.draft_vocab_size)
     start = time.perf_counter()
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
-    stats = last_stats().to_dict() if mode.startswith(("draft", "medusa", "auto", "stepwise")) else None
+    stats = last_stats().to_dict() if mode.startswith(("draft", "medusa", "eagle", "auto", "stepwise")) else None
     return (out.sequences, seconds, stats, out.scores) if keep_scores else (out, seconds, stats, None)
 
 

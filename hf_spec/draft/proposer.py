@@ -23,7 +23,7 @@ class DraftModelProposer:
     """
 
     name = "draft"
-    wants_hidden_states = False
+    hidden_layers = ()
 
     def __init__(self, draft, padding_mask: torch.Tensor | None, batch_size: int = 1,
                  token_map: TokenMap | None = None):

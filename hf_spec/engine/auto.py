@@ -24,7 +24,8 @@ stop, not how long it is. Costs and calibrations
 are kept per (target, draft, device, dtype) across calls (``cache_costs=False`` starts afresh).
 
 ``AutoTree`` (Medusa's ``tree="auto"``) picks the prefix size of a nested tree family the same way, from the
-heads' measured accuracy.
+heads' measured accuracy; ``AutoDynamicTree`` (EAGLE's default) picks how many of a dynamic tree's best nodes to
+verify, from the draft's own probabilities corrected by what verification kept (``TreeConfidence``).
 """
 from __future__ import annotations
 
@@ -223,3 +224,80 @@ class AutoTree(Schedule):
         self.costs.observe_verify(k + 1, verify_s)
         if k > 0:
             self.costs.observe_propose_step(propose_s)
+
+
+class TreeConfidence:
+    """How many tokens a dynamic tree's best n nodes should bring, learned per pair across calls.
+
+    A node is accepted when its whole path is, and the draft's probability of that is the node's cumulative
+    probability; so E(n) = 1 + r x (p_1 + ... + p_n), with p_i the i-th best node's cumulative probability
+    (a moving average over steps and rows, ``curve``) and r the ratio of tokens verification accepted to
+    tokens the draft's probabilities predicted for the nodes it verified (a moving average, 1 at first)."""
+
+    def __init__(self, smoothing: float = 0.2):
+        self.smoothing = smoothing
+        self.curve: list[float] | None = None
+        self.ratio = 1.0
+        self._predicted: float | None = None  # what the last proposal's verified nodes predicted, all rows
+
+    def observe_tree(self, probabilities: list[list[float]], verified: int) -> None:
+        """Each row's candidates' cumulative probabilities, best first, of which the first ``verified`` go to the
+        target."""
+        width = min(len(p) for p in probabilities)
+        mean = [sum(p[i] for p in probabilities) / len(probabilities) for i in range(width)]
+        if self.curve is None:
+            self.curve = mean
+        else:
+            width = min(width, len(self.curve))
+            self.curve = [(1 - self.smoothing) * old + self.smoothing * new
+                          for old, new in zip(self.curve[:width], mean[:width])]
+        self._predicted = sum(sum(p[:verified]) for p in probabilities)
+
+    def observe_accepted(self, accepted: list[int]) -> None:
+        if self._predicted:
+            ratio = sum(accepted) / self._predicted
+            self.ratio = (1 - self.smoothing) * self.ratio + self.smoothing * ratio
+        self._predicted = None
+
+    def expected(self, max_nodes: int) -> list[float]:
+        """E(n) for n = 0 .. min(max_nodes, nodes known)."""
+        sizes = min(max_nodes, len(self.curve))
+        return [1.0 + self.ratio * sum(self.curve[:n]) for n in range(sizes + 1)]
+
+
+class AutoDynamicTree(Schedule):
+    """``num_speculative_tokens="auto"`` for EAGLE: each step verifies the n of the dynamic tree's best nodes (0 =
+    plain decoding) that maximise E(n) / (H + V(n + 1)) (``TreeConfidence``; H the draft's measured time per
+    step, V the target's verify cost by width). Plain decoding first measures V(1), then the whole ``max_nodes``
+    once; while plain decoding wins, probe steps as ``AutoTree`` keep the estimates current."""
+
+    def __init__(self, costs: Costs, confidence: TreeConfidence, max_nodes: int = 64, probe_every: int = 8,
+                 max_probe_every: int = 128):
+        self.costs, self.confidence, self.max_nodes = costs, confidence, max_nodes
+        self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
+        self.probe_every, self.plain_streak = probe_every, 0
+
+    def best_size(self, smallest: int = 0) -> int:
+        return best_tree_size(self.confidence.expected(self.max_nodes), self.costs, smallest)
+
+    def next(self) -> int:
+        if 1 not in self.costs.verify:
+            return 0
+        if self.costs.propose_step is None or self.confidence.curve is None:
+            return self.max_nodes
+        n = self.best_size()
+        if n > 0:
+            self.plain_streak, self.probe_every = 0, self.min_probe_every
+            return n
+        self.plain_streak += 1
+        if self.plain_streak == self.probe_every:
+            self.plain_streak, self.probe_every = 0, min(2 * self.probe_every, self.max_probe_every)
+            return self.best_size(smallest=1)
+        return 0
+
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
+                confidence: list[list[float]]) -> None:
+        self.costs.observe_verify(k + 1, verify_s)
+        if k > 0:
+            self.costs.observe_propose_step(propose_s)
+            self.confidence.observe_accepted(accepted)

@@ -80,17 +80,18 @@ class _Decoding:
         self.schedule.start(self.prompt_length, call.generation_config.max_length - self.prompt_length)
         k = self.schedule.next()
         with self.timer("prefill_s"):
-            target.rollback(self.prompt_length - 1)
+            # a proposer reading hidden states hears them from position 0: a cache given with the prompt is refilled
+            target.rollback(0 if self.proposer.hidden_layers else self.prompt_length - 1)
             if call.padding_mask is not None and target.length:  # a cache generate() was given: its padding
                 target.valid = call.padding_mask[:, : target.length].bool().to(target.device)
             end = self.prompt_length if k == 0 else self.prompt_length - 1
-            self.prompt_left = k > 0 and not self.proposer.wants_hidden_states and target.length < end
+            self.prompt_left = k > 0 and not self.proposer.hidden_layers and target.length < end
             if target.length < end and not self.prompt_left:
                 valid = None if call.padding_mask is None else call.padding_mask[:, target.length : end].bool()
                 prefill = target.forward(call.input_ids[:, target.length : end], 1, valid=valid,
-                                         hidden_states=self.proposer.wants_hidden_states)
+                                         hidden_layers=self.proposer.hidden_layers)
                 self.proposer.advance([0] * call.batch_size,
-                                      prefill.hidden[:, -1] if prefill.hidden is not None else None)
+                                      None if prefill.hidden is None else list(prefill.hidden))
                 if end == self.prompt_length:
                     self.prefilled = prefill
         return k
@@ -127,15 +128,14 @@ class _Decoding:
         block = torch.cat([roots, proposal.tokens], dim=-1)  # [batch, k + 1]
         live = None if not any(self.finished) else torch.tensor([not done for done in self.finished]).unsqueeze(1)
         valid = None if live is None else live.expand_as(block)
-        tree = proposal.tree
+        layout = proposal.tree_layout()
         if self.prompt_left:  # the first step: the prompt's tokens the cache lacks go in front of the root
-            self.prompt_left, self.carried_prompt = False, tree is None
-            block, valid = self._with_prompt(block, valid, feed=tree is None)
+            self.prompt_left, self.carried_prompt = False, layout is None
+            block, valid = self._with_prompt(block, valid, feed=layout is None)
         block_start = self.target.length + block.shape[1] - (proposal.k + 1)
-        output = self.target.forward(block, proposal.k + 1, valid=valid,
-                                     hidden_states=self.proposer.wants_hidden_states,
-                                     tree_mask=None if tree is None else tree.ancestor_mask,
-                                     tree_depths=None if tree is None else tree.depths)
+        output = self.target.forward(block, proposal.k + 1, valid=valid, hidden_layers=self.proposer.hidden_layers,
+                                     tree_mask=None if layout is None else layout[0],
+                                     tree_depths=None if layout is None else layout[1])
         return block_start, output
 
     def _with_prompt(self, block: torch.LongTensor, valid, feed: bool):
@@ -165,7 +165,7 @@ class _Decoding:
                 accepted_counts.append(0)
                 continue
             row = proposal.row(r)
-            scores = process_block(call.logits_processor, self.rows[r], row.tokens, proposal.parents, logits[r],
+            scores = process_block(call.logits_processor, self.rows[r], row.tokens, row.parents, logits[r],
                                    r, call.batch_size)
             accepted, bonus = self.acceptance(row, scores)
             path = [0, *accepted]  # the score row of each new token is its parent's block index
@@ -181,12 +181,13 @@ class _Decoding:
     def roll_back(self, block_start: int | None, kept: list[list[int]], accepted: list[int],
                   hidden: torch.Tensor | None) -> None:
         """Rejected entries leave the target's cache (``CachedModel.keep``) and the proposer's state; the
-        proposer hears each row's hidden state at the last token it kept."""
-        if block_start is not None:
-            self.target.keep(block_start, kept)
+        proposer hears each row's hidden states at the tokens it kept. After a step the prefill scored, the
+        proposer has heard everything at the prefill."""
+        if block_start is None:
+            return
+        self.target.keep(block_start, kept)
         if hidden is not None:
-            last = torch.tensor([path[-1] if path else 0 for path in kept], device=hidden.device)
-            hidden = hidden[torch.arange(self.call.batch_size, device=hidden.device), last]
+            hidden = [hidden[r, path] for r, path in enumerate(kept)]
         self.proposer.advance(accepted, hidden)
 
     def output(self):

@@ -15,6 +15,7 @@ class PairMemory:
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
+    tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
         return self.calibration.setdefault(do_sample, ConfidenceCalibration())

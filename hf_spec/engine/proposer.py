@@ -19,16 +19,31 @@ class Proposal:
     """Proposed tokens after the last committed token (the root, block index 0 in verification).
 
     A chain (``tree`` None): token i follows token i - 1. A tree: node i's parent is
-    ``tree.parents[i]`` (a block index; 0 is the root).
+    ``tree.parents[i]`` (a block index; 0 is the root); ``row_trees``: one tree per row instead, all with k nodes
+    (e.g. EAGLE's dynamic trees, shaped by each row's draft probabilities).
     """
 
     tokens: torch.LongTensor  # [batch, k] on the target's device
     probs: torch.Tensor | None = None  # [batch, k, vocab] q for sampled chains; None for greedy or deterministic
     tree: TreeBuffers | None = None
+    row_trees: tuple[TreeBuffers, ...] | None = None
 
     def row(self, r: int) -> "Proposal":
-        """Row r's proposal: tokens [1, k], probs [k, vocab]."""
-        return Proposal(self.tokens[r : r + 1], None if self.probs is None else self.probs[r], self.tree)
+        """Row r's proposal: tokens [1, k], probs [k, vocab], its tree."""
+        tree = self.tree if self.row_trees is None else self.row_trees[r]
+        return Proposal(self.tokens[r : r + 1], None if self.probs is None else self.probs[r], tree)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.tree is not None or self.row_trees is not None
+
+    def tree_layout(self) -> tuple[torch.BoolTensor, torch.LongTensor] | None:
+        """The block's attention among its own entries and their depths: [k + 1, k + 1] and [k + 1] for one tree,
+        [batch, k + 1, k + 1] and [batch, k + 1] for a tree per row; None for a chain."""
+        if self.row_trees is not None:
+            return (torch.stack([t.ancestor_mask for t in self.row_trees]),
+                    torch.stack([t.depths for t in self.row_trees]))
+        return None if self.tree is None else (self.tree.ancestor_mask, self.tree.depths)
 
     @property
     def k(self) -> int:
@@ -45,15 +60,19 @@ class Proposal:
 
 class Proposer(Protocol):
     name: str
-    # True when the proposer needs the target's last hidden state (passed to ``advance``)
-    wants_hidden_states: bool
+    # the target's hidden states the proposer reads (indices into ``output_hidden_states``, concatenated in this
+    # order; -1 the last, after the final norm), passed to ``advance``; () for none (nothing extra is computed)
+    hidden_layers: tuple[int, ...]
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         """Propose up to ``k`` tokens (the same number for every row) to follow each row's committed
         tokens ``rows[r]`` [1, S_r], none more than ``max_depth`` places after them (what max_length leaves)."""
 
-    def advance(self, accepted: list[int], target_hidden: torch.Tensor | None) -> None:
+    def advance(self, accepted: list[int], target_hidden: list[torch.Tensor] | None) -> None:
         """Row r's target kept the first ``accepted[r]`` proposals of the last proposal (along the accepted path);
-        forget the rest. ``target_hidden`` [batch, hidden_size]: the target's last hidden state in each row,
-        at the last token it cached (or None)."""
+        forget the rest. ``target_hidden[r]`` [n_r, features] (with ``hidden_layers``, else None): the target's
+        hidden states at the tokens row r's cache gained, in order, from position 0 on (after the prefill: the
+        prompt's tokens, left padding included, but the last unless the prefill scored the first step; after a
+        verification: the root and the accepted proposals; none for a finished row), so the last is at the last
+        token it cached."""

@@ -35,7 +35,7 @@ def padding_mask_of(model_kwargs: dict) -> torch.Tensor | None:
 
 class ForwardOutput(NamedTuple):
     logits: torch.Tensor  # [batch, m, vocab]
-    hidden: torch.Tensor | None  # [batch, m, hidden_size] last hidden states, when asked for
+    hidden: torch.Tensor | None  # [batch, n, features] hidden states of every entry fed, when asked for
 
 
 class CachedModel:
@@ -80,11 +80,13 @@ class CachedModel:
 
     def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0, valid: torch.BoolTensor | None = None,
                 tree_mask: torch.BoolTensor | None = None, tree_depths: torch.LongTensor | None = None,
-                hidden_states: bool = False) -> ForwardOutput:
+                hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
         """Feed tokens [batch, n] (``valid`` [batch, n]: False for entries that are not tokens of the row); return
-        logits [batch, m, vocab] for the last ``logits_to_keep`` columns (0: all n), and with ``hidden_states``
-        the last hidden states [batch, m, hidden]. tree_mask [n, n] (True: row may attend column) and
-        tree_depths [n] make the block a tree."""
+        logits [batch, m, vocab] for the last ``logits_to_keep`` columns (0: all n), and with ``hidden_layers``
+        the hidden states of all n entries [batch, n, len(hidden_layers) * hidden], those layers concatenated
+        (indices into ``output_hidden_states``: 0 the embeddings, -1 the last, after the final norm).
+        tree_mask [n, n], or [batch, n, n] for a tree per row (True: row may attend column), and tree_depths [n]
+        or [batch, n] make the block a tree."""
         tokens = tokens.to(self.device)
         n = tokens.shape[1]
         valid = None if valid is None or bool(valid.all()) else valid.to(self.device, torch.bool)
@@ -95,17 +97,21 @@ class CachedModel:
             layout = self._chain_layout(n, past, block)
         else:
             layout = self._tree_layout(tree_mask.to(self.device), tree_depths.to(self.device), past, block)
+        if self.head is not None and hidden_layers not in ((), (-1,)):
+            raise ValueError("A model scored by its own head gives its last hidden state only.")
         outputs = self._network(input_ids=tokens, **layout, **self._cache_kwargs, use_cache=True,
-                                output_hidden_states=hidden_states and self.head is None, **extra)
+                                output_hidden_states=bool(hidden_layers) and self.head is None, **extra)
         if masked:
             self.valid = torch.cat([past, block], dim=-1)
         if self.head is not None:
             last = outputs.last_hidden_state
-            last = last[:, -logits_to_keep:] if logits_to_keep else last
-            return ForwardOutput(self.head(last), last if hidden_states else None)
+            logits = self.head(last[:, -logits_to_keep:] if logits_to_keep else last)
+            return ForwardOutput(logits, last if hidden_layers else None)
         logits = outputs.logits
         logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
-        hidden = outputs.hidden_states[-1][:, -logits.shape[1]:] if hidden_states else None
+        hidden = None
+        if hidden_layers:
+            hidden = torch.cat([outputs.hidden_states[i] for i in hidden_layers], dim=-1)
         return ForwardOutput(logits, hidden)
 
     def rollback(self, length: int) -> None:
@@ -170,9 +176,10 @@ class CachedModel:
                      block: torch.BoolTensor) -> dict:
         """Root at the position the row's next token would take; node at root + depth. 4D mask
         [batch, 1, n, length + n]: 0 where a query may attend, the dtype's minimum elsewhere."""
-        n = tree_mask.shape[0]
-        positions = past.sum(-1, keepdim=True) + depths.unsqueeze(0)
-        allowed = torch.cat([past[:, None, :].expand(-1, n, -1), tree_mask[None] & block[:, None, :]], dim=-1)
+        n = tree_mask.shape[-1]
+        positions = past.sum(-1, keepdim=True) + (depths if depths.dim() == 2 else depths.unsqueeze(0))
+        rows_mask = tree_mask if tree_mask.dim() == 3 else tree_mask[None]
+        allowed = torch.cat([past[:, None, :].expand(-1, n, -1), rows_mask & block[:, None, :]], dim=-1)
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
         return {"position_ids": positions, "attention_mask": mask[:, None]}

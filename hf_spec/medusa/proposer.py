@@ -24,7 +24,7 @@ class MedusaProposer:
     """
 
     name = "medusa"
-    wants_hidden_states = True
+    hidden_layers = (-1,)
 
     def __init__(self, heads: MedusaHeads, tree: list[tuple[int, ...]], accuracy: HeadAccuracy | None = None,
                  all_heads: bool = True):
@@ -72,5 +72,7 @@ class MedusaProposer:
         with torch.no_grad():
             return self.heads(self.hidden.to(self.heads.dtype), num_heads)
 
-    def advance(self, accepted: list[int], target_hidden: torch.Tensor | None) -> None:
-        self.hidden = target_hidden
+    def advance(self, accepted: list[int], target_hidden: list[torch.Tensor] | None) -> None:
+        """Keep each row's hidden state at the last token it cached (a finished row gained none and keeps its old
+        one: its proposals are ignored)."""
+        self.hidden = torch.stack([h[-1] if len(h) else self.hidden[r] for r, h in enumerate(target_hidden)])

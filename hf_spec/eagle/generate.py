@@ -1,0 +1,96 @@
+"""The EAGLE strategy's ``custom_generate`` callable; ``strategy="eagle"`` maps onto it."""
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+from ..engine.auto import AutoDynamicTree, TreeConfidence
+from ..engine.call import DecodingCall
+from ..engine.memory import pair_memory
+from ..engine.loop import speculative_generate
+from ..engine.schedule import FixedLength
+from ..verify import Acceptance, get_verifier
+from .loading import load_eagle_draft
+from .model import EagleDraft
+from .proposer import EagleProposer
+
+AUTO_MAX_NODES = 64  # the most nodes "auto" verifies in a step (SafeAILab/EAGLE's default tree has 60)
+
+
+def resolve_eagle(eagle_model, target, revision=None, token=None) -> EagleDraft:
+    if eagle_model is None:
+        raise ValueError("strategy='eagle' needs eagle_model=: a Hub id, a local folder or a loaded EagleDraft.")
+    if isinstance(eagle_model, (str, os.PathLike)):
+        return load_eagle_draft(eagle_model, target=target, revision=revision, token=token)
+    if isinstance(eagle_model, EagleDraft):
+        check_fits(eagle_model, target)
+        return eagle_model.to(target.device)
+    raise TypeError(f"eagle_model must be a Hub id, a path or an EagleDraft; got {type(eagle_model).__name__}.")
+
+
+def check_fits(draft: EagleDraft, target) -> None:
+    """The draft reads features as wide as the target gives, over the target's vocabulary."""
+    config = target.config.get_text_config()
+    width = len(draft.hidden_layers) * config.hidden_size
+    expected = draft.fc.in_features if draft.version == 3 else draft.fc.in_features - draft.config.hidden_size
+    if expected != width:
+        raise ValueError(f"The EAGLE draft reads target features {expected} wide; this target gives {width} "
+                         f"({len(draft.hidden_layers)} x hidden size {config.hidden_size}): use a draft trained for "
+                         "this target.")
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if draft.config.vocab_size != vocab:
+        raise ValueError(f"The EAGLE draft is for a vocabulary of {draft.config.vocab_size} tokens; the target's has "
+                         f"{vocab}.")
+    if any(not -1 <= i <= config.num_hidden_layers for i in draft.hidden_layers):
+        raise ValueError(f"The EAGLE draft reads target layers {list(draft.hidden_layers)}; the target has "
+                         f"{config.num_hidden_layers}.")
+
+
+def check_tree_settings(num_speculative_tokens, tree, tree_depth, tree_top_k) -> None:
+    settings = [("tree_depth", tree_depth), ("tree_top_k", tree_top_k)]
+    if num_speculative_tokens != "auto":
+        settings.append(("num_speculative_tokens", num_speculative_tokens))
+    for name, value in settings:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"strategy='eagle': {name} must be an int >= 1" +
+                             (" or 'auto'" if name == "num_speculative_tokens" else "") + f"; got {value!r}.")
+    if tree != "dynamic":
+        raise ValueError(f"strategy='eagle': tree={tree!r} is not supported yet; use tree='dynamic' (EAGLE-2's tree, "
+                         "the default).")
+
+
+def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
+             stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
+             eagle_model=None, num_speculative_tokens: int | str = "auto", tree: str = "dynamic",
+             tree_depth: int = 5, tree_top_k: int = 8, cache_costs: bool = True,
+             tree_verifier: str = "auto", revision: str | None = None, token=None, token_streamer=None,
+             stop_strings=None, target_tokenizer=None, **model_kwargs):
+    """EAGLE decoding for ``model.generate(custom_generate=...)``.
+
+    eagle_model: a Hub id or a folder (EAGLE-1/2, EAGLE-3 or speculators layout; ``revision``/``token`` go to
+    huggingface_hub) or a loaded ``EagleDraft``. Each step the draft grows EAGLE-2's dynamic tree
+    ``tree_depth`` levels deep and ``tree_top_k`` wide and the target verifies its ``num_speculative_tokens``
+    most probable nodes in one forward; "auto" (the default): each step, the node count up to ``AUTO_MAX_NODES``
+    (0 = plain decoding) that the measured costs and the draft's calibrated probabilities say is fastest
+    (``hf_spec.engine.auto.AutoDynamicTree``; ``cache_costs=False`` forgets earlier calls). tree_verifier: "auto" (Triton kernels on CUDA, the torch reference
+    elsewhere), "triton" or "torch". token_streamer, target_tokenizer: what generate() calls streamer and
+    tokenizer (see ``hf_spec.draft.generate``).
+    """
+    call = DecodingCall.of("eagle", model, input_ids, logits_processor, stopping_criteria, generation_config,
+                           token_streamer=token_streamer, stop_strings=stop_strings,
+                           target_tokenizer=target_tokenizer, **model_kwargs)
+    check_tree_settings(num_speculative_tokens, tree, tree_depth, tree_top_k)
+    verifier = get_verifier(tree_verifier, model.device)
+    draft = resolve_eagle(eagle_model, model, revision, token)
+    if num_speculative_tokens == "auto":
+        memory = pair_memory(model, draft, cache_costs)
+        memory.tree_confidence = memory.tree_confidence or TreeConfidence()
+        schedule = AutoDynamicTree(memory.costs, memory.tree_confidence, AUTO_MAX_NODES)
+        confidence = memory.tree_confidence
+    else:
+        schedule, confidence = FixedLength(num_speculative_tokens), None
+    proposer = EagleProposer(draft, model, call.padding_mask, call.batch_size, tree_depth, tree_top_k, confidence)
+    return speculative_generate(call, proposer, schedule,
+                                Acceptance(call.do_sample, tree_rules=verifier), verifier)

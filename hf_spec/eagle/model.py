@@ -1,0 +1,123 @@
+"""An EAGLE draft: one decoder layer that reads the target's hidden states and the next token's embedding.
+
+Entry j of the draft pairs the token x[j+1] with the target's features f[j] at position j (the state whose logits
+chose x[j+1]); its output predicts x[j+2]. Deeper in a tree the draft feeds its own output back as the features.
+
+- EAGLE-1/2 (SafeAILab/EAGLE ``cnets1.py``): f is the target's last hidden state after its final norm;
+  x = fc([embed(token); f]) (2h -> h, on every call), then a Llama layer whose attention has no input norm; the
+  output goes to the *target's* output layer, with no norm.
+- EAGLE-3 (SafeAILab/EAGLE ``cnets.py``, SpecForge, vLLM's speculators): f is three target layers' inputs
+  concatenated (3h); g = fc(f) (only for the target's features, not for the draft's own output);
+  attention reads [input_layernorm(embed); hidden_norm(g)] (2h wide), the residual is g; the output goes through
+  ``norm`` and the draft's own ``lm_head`` over a reduced vocabulary (``TokenMap``, from ``d2t``).
+
+The layers are transformers' own Llama attention, MLP, RMSNorm and rotary embedding; only their wiring is here.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from ..engine.cache import cache_kwargs
+from ..token_map import TokenMap
+
+
+class EagleLayer(nn.Module):
+    """The draft's decoder layer (parameter names as in the checkpoints: ``self_attn``, ``mlp``, the norms)."""
+
+    def __init__(self, config: LlamaConfig, version: int, qkv_bias: bool):
+        super().__init__()
+        h, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or h // heads
+        width = 2 * h if version == 3 else h
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        self.self_attn.q_proj = nn.Linear(width, heads * head_dim, bias=qkv_bias)
+        self.self_attn.k_proj = nn.Linear(width, kv_heads * head_dim, bias=qkv_bias)
+        self.self_attn.v_proj = nn.Linear(width, kv_heads * head_dim, bias=qkv_bias)
+        self.mlp = LlamaMLP(config)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        if version == 3:
+            self.input_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+            self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+
+
+class EagleDraft(nn.Module):
+    name_or_path: str | None = None  # where it was loaded from
+    """One EAGLE draft layer over the target's features; see the module docstring for the two versions.
+
+    ``feature_size``: the width of what the target gives (EAGLE-1/2: h; EAGLE-3: 3h, or 3 x target_hidden_size);
+    ``token_map``: EAGLE-3's reduced vocabulary (None: the draft's lm_head covers the target's vocabulary);
+    ``own_embedding``: the file has ``embed_tokens`` (else the target's is used); ``aux_layers``: EAGLE-3's target
+    layers (indices into ``output_hidden_states``), None for EAGLE-1/2 (the last hidden state).
+    """
+
+    def __init__(self, config: LlamaConfig, version: int, feature_size: int, *, fc_bias: bool = False,
+                 qkv_bias: bool = False, own_embedding: bool = False, token_map: TokenMap | None = None,
+                 aux_layers: tuple[int, ...] | None = None):
+        super().__init__()
+        if version not in (1, 3):
+            raise ValueError(f"EAGLE version must be 1 (EAGLE-1/2) or 3; got {version!r}.")
+        config._attn_implementation = "sdpa"
+        self.config, self.version, self.token_map = config, version, token_map
+        self.aux_layers = aux_layers
+        h = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h) if own_embedding else None
+        self.fc = nn.Linear(feature_size if version == 3 else 2 * h, h, bias=fc_bias)
+        layer = EagleLayer(config, version, qkv_bias)
+        if version == 3:
+            self.midlayer = layer
+            self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+            self.lm_head = nn.Linear(h, config.vocab_size if token_map is None else token_map.size, bias=False)
+        else:
+            self.layers = nn.ModuleList([layer])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self._inv_freq = self.rotary_emb.inv_freq.clone()  # float32, kept out of .to(dtype) (not a buffer)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def layer(self) -> EagleLayer:
+        return self.midlayer if self.version == 3 else self.layers[0]
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """The target's hidden states the draft reads (indices into ``output_hidden_states``)."""
+        return (-1,) if self.version == 1 else self.aux_layers
+
+    def forward(self, tokens: torch.LongTensor, features: torch.Tensor, position_ids: torch.LongTensor,
+                attention: torch.BoolTensor, cache, target_embedding: nn.Module, target_head: nn.Module,
+                from_target: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [b, n]; features [b, n, F] (the target's, ``from_target``, or the draft's own outputs [b, n, h]);
+        attention [b, n, cached + n] (True: query may attend key), the cache gains the n entries.
+        Returns (the draft's outputs [b, n, h], to feed back deeper in a tree; float32 logits [b, n, vocab]
+        over the target's vocabulary, -inf outside the draft's)."""
+        layer = self.layer
+        embed = self.embed_tokens if self.embed_tokens is not None else target_embedding
+        embedding = embed(tokens).to(features.dtype)
+        if self.version == 1:
+            x = self.fc(torch.cat([embedding, features], dim=-1))
+            attention_input = x
+        else:
+            x = self.fc(features) if from_target else features
+            attention_input = torch.cat([layer.input_layernorm(embedding), layer.hidden_norm(x)], dim=-1)
+        if self.rotary_emb.inv_freq.dtype != torch.float32:  # .to(bfloat16) rounded the rotary frequencies
+            self.rotary_emb.inv_freq = self._inv_freq.to(x.device)
+        bias = torch.zeros(attention.shape, dtype=x.dtype, device=x.device)
+        bias.masked_fill_(~attention, torch.finfo(x.dtype).min)
+        attended, _ = layer.self_attn(hidden_states=attention_input,
+                                      position_embeddings=self.rotary_emb(x, position_ids),
+                                      attention_mask=bias[:, None], **cache_kwargs(layer.self_attn, cache))
+        x = x + attended
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if self.version == 1:
+            return x, target_head(x).float()
+        logits = self.lm_head(self.norm(x)).float()
+        return x, logits if self.token_map is None else self.token_map.to_full(logits)

@@ -1,0 +1,170 @@
+"""EAGLE proposals: the draft layer catches up on the target's new hidden states, then grows a dynamic tree."""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList
+
+from ..engine.auto import TreeConfidence
+from ..engine.cache import rollback
+from ..engine.proposer import Proposal
+from ..engine.trees import TreeBuffers, build_tree_buffers
+from .model import EagleDraft
+
+
+class EagleProposer:
+    """Proposes one tree of ``k`` nodes per row, EAGLE-2's way.
+
+    Catch-up: the draft's cache holds one entry per committed token but the first, (token x[j+1], target
+    features f[j]); each call feeds the entries whose features the target gave since the last call (the prompt
+    after the prefill, then the root and the accepted tokens of each step), holes in front for rows that got
+    fewer, and left padding masked. The last entry's output scores the root's children.
+    Tree (``tree_depth`` levels, ``tree_top_k`` wide): the ``tree_top_k`` best children of the root form the
+    first beam; each level feeds the beam (each node attends the committed entries and its ancestors), ranks
+    every beam node's ``tree_top_k`` best children by cumulative draft log-probability and keeps the best
+    ``tree_top_k`` as the next beam. The ``k`` best candidates overall (ties: shallower first, so every kept
+    node's parent is kept) form the row's tree. The tree's entries leave the draft's cache before the call returns.
+    Candidates are distinct siblings ranked by the raw draft logits, independent of verification's random
+    draws: the tree rule keeps sampling exact.
+    """
+
+    name = "eagle"
+
+    def __init__(self, draft: EagleDraft, target, padding_mask: torch.Tensor | None, batch_size: int = 1,
+                 tree_depth: int = 5, tree_top_k: int = 8, confidence: TreeConfidence | None = None):
+        self.draft, self.depth, self.top_k = draft, tree_depth, tree_top_k
+        self.confidence = confidence  # hears each tree's candidate probabilities (num_speculative_tokens="auto")
+        self.hidden_layers = draft.hidden_layers
+        self.embedding, self.head = target.get_input_embeddings(), target.get_output_embeddings()
+        self.cache = DynamicCache(config=draft.config)
+        self.device = next(draft.parameters()).device
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [batch, cached entries]
+        self.pads = [0] * batch_size if padding_mask is None else (padding_mask == 0).sum(1).tolist()
+        self.pending: list[torch.Tensor | None] = [None] * batch_size  # features not yet fed, per row
+        self.received = [0] * batch_size  # features heard per row: the next one is at this position
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # each row's last output: (hidden, logits)
+
+    def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
+                do_sample: bool, max_depth: int) -> Proposal:
+        depth = min(self.depth, max_depth)
+        with torch.no_grad():
+            self._catch_up(rows)
+            if k == 0 or depth == 0 or self.last is None:
+                return Proposal(tokens=rows[0].new_empty(len(rows), 0))
+            committed = self.cache.get_seq_length()
+            candidates = self._grow(depth)
+            rollback(self.cache, committed)
+            self.valid = self.valid[:, :committed]
+        if self.confidence is not None:
+            best = candidates[1].sort(dim=-1, descending=True).values.exp()
+            self.confidence.observe_tree(best.tolist(), k)
+        trees, tokens = zip(*[_tree_of(*(c[r] for c in candidates), k) for r in range(len(rows))])
+        return Proposal(tokens=torch.stack(tokens).to(rows[0].device), row_trees=tuple(trees))
+
+    def advance(self, accepted: list[int], target_hidden: list[torch.Tensor] | None) -> None:
+        for r, features in enumerate(target_hidden):
+            if len(features):
+                features = features.to(self.device)
+                old = self.pending[r]
+                self.pending[r] = features if old is None else torch.cat([old, features])
+                self.received[r] += len(features)
+
+    def _catch_up(self, rows: list[torch.LongTensor]) -> None:
+        """Feed every row's pending entries whose next token is committed (entry j pairs x[j + 1] with f[j]; the
+        root's own features wait for the token after it); keep each row's last output."""
+        firsts = [received - (0 if p is None else len(p)) for received, p in zip(self.received, self.pending)]
+        counts = [0 if p is None else max(0, min(len(p), row.shape[1] - 1 - first))
+                  for p, row, first in zip(self.pending, rows, firsts)]
+        width = max(counts)
+        if width == 0:
+            return
+        feature_size = next(p for p in self.pending if p is not None).shape[-1]
+        batch = len(rows)
+        tokens = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+        features = torch.zeros(batch, width, feature_size, dtype=self.draft.dtype, device=self.device)
+        valid = torch.zeros(batch, width, dtype=torch.bool, device=self.device)
+        for r, (row, count, first) in enumerate(zip(rows, counts, firsts)):
+            if count:
+                tokens[r, width - count:] = row[0, first + 1 : first + 1 + count].to(self.device)
+                features[r, width - count:] = self.pending[r][:count].to(features.dtype)
+                valid[r, width - count:] = torch.arange(first, first + count, device=self.device) >= self.pads[r]
+                rest = self.pending[r][count:]
+                self.pending[r] = rest if len(rest) else None
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        attention = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)
+        positions = (self.valid.sum(-1, keepdim=True) + valid.long().cumsum(-1) - 1).clamp(min=0)
+        hidden, logits = self._feed(tokens, features, attention, positions, from_target=True)
+        self.valid = torch.cat([self.valid, valid], dim=-1)
+        fed = torch.tensor(counts, device=self.device) > 0
+        if self.last is None:
+            self.last = (hidden[:, -1], logits[:, -1]) if bool(fed.all()) else None
+        else:
+            self.last = (torch.where(fed[:, None], hidden[:, -1], self.last[0]),
+                         torch.where(fed[:, None], logits[:, -1], self.last[1]))
+
+    def _feed(self, tokens, features, block_attention, positions, from_target: bool):
+        """Run the draft on a block [batch, n] whose entries attend the valid cached entries and, among the
+        block's, where ``block_attention`` [batch, n, n] says."""
+        n = tokens.shape[1]
+        past = self.valid[:, None, :].expand(-1, n, -1)
+        return self.draft(tokens, features, positions, torch.cat([past, block_attention], dim=-1), self.cache,
+                          self.embedding, self.head, from_target=from_target)
+
+    def _grow(self, depth: int):
+        """Every candidate of every row, level by level (so parents come first): tokens, cumulative
+        log-probabilities, parents (candidate index, -1 for the root) and ranks among their siblings [batch, C]."""
+        hidden, logits = self.last
+        batch, top_k = hidden.shape[0], min(self.top_k, logits.shape[-1])
+        eye = torch.eye(top_k, dtype=torch.bool, device=self.device)
+        first = _best(logits, top_k)
+        ranks = torch.arange(top_k, device=self.device).expand(batch, -1)
+        tokens, scores, parents, sibling_ranks = [first.indices], [first.values], [torch.full_like(ranks, -1)], [ranks]
+        beam, beam_tokens, beam_scores = ranks, first.indices, first.values  # beam: its candidate indices
+        beam_hidden = hidden[:, None].expand(-1, top_k, -1)
+        beam_parent = None  # [batch, top_k]: the tree entry of each beam node's parent (None: the root)
+        ancestry = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)  # entry x entry: is an ancestor
+        position = self.valid.sum(-1, keepdim=True)  # the depth-1 nodes' position in each row
+        for level in range(1, depth):
+            entries = ancestry.shape[1]
+            seen = torch.zeros(batch, top_k, entries, dtype=torch.bool, device=self.device)
+            if beam_parent is not None:
+                seen = ancestry.gather(1, beam_parent[..., None].expand(-1, -1, entries))
+                seen |= torch.nn.functional.one_hot(beam_parent, entries).bool()
+            out, child_logits = self._feed(beam_tokens, beam_hidden, torch.cat([seen, eye.expand(batch, -1, -1)], -1),
+                                           (position + level - 1).expand(-1, top_k), from_target=False)
+            ancestry = torch.cat([torch.cat([ancestry, seen], dim=1),  # the new entries' rows, then their columns
+                                  torch.zeros(batch, entries + top_k, top_k, dtype=torch.bool, device=self.device)],
+                                 dim=-1)
+            children = _best(child_logits, top_k)  # [batch, top_k, top_k]
+            cumulative = (beam_scores[..., None] + children.values).flatten(1)
+            offset = sum(t.shape[1] for t in tokens)
+            tokens.append(children.indices.flatten(1))
+            scores.append(cumulative)
+            parents.append(beam.repeat_interleave(top_k, dim=1))
+            sibling_ranks.append(ranks.repeat(1, top_k))
+            best = cumulative.topk(top_k, dim=-1).indices  # the next beam, among this level's candidates
+            beam_parent = entries + best // top_k
+            beam, beam_tokens, beam_scores = offset + best, tokens[-1].gather(1, best), cumulative.gather(1, best)
+            beam_hidden = out.gather(1, (best // top_k)[..., None].expand(-1, -1, out.shape[-1]))
+        return (torch.cat(tokens, 1).cpu(), torch.cat(scores, 1).cpu(), torch.cat(parents, 1).cpu(),
+                torch.cat(sibling_ranks, 1).cpu())
+
+
+def _best(logits: torch.Tensor, top_k: int):
+    """The ``top_k`` most probable tokens and their log-probabilities (at most 0), under the raw draft logits."""
+    return logits.log_softmax(-1).clamp(max=0).topk(top_k, dim=-1)
+
+
+def _tree_of(tokens: torch.LongTensor, scores: torch.Tensor, parents: torch.LongTensor, ranks: torch.LongTensor,
+             k: int) -> tuple[TreeBuffers, torch.LongTensor]:
+    """One row's tree: its ``k`` best candidates by cumulative log-probability, and their tokens in block order.
+
+    Candidates come level by level and a child's score is at most its parent's, so a stable sort (ties: the
+    earlier, shallower candidate first) keeps every chosen node's parent."""
+    chosen = sorted(torch.sort(scores, descending=True, stable=True).indices[:k].tolist())
+    paths: dict[int, tuple[int, ...]] = {}
+    for c in chosen:
+        parent = int(parents[c])
+        paths[c] = (paths[parent] if parent >= 0 else ()) + (int(ranks[c]),)
+    buffers = build_tree_buffers(list(paths.values()))
+    token_of = {paths[c]: tokens[c] for c in chosen}
+    return buffers, torch.stack([token_of[path] for path in buffers.paths])

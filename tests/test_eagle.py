@@ -1,0 +1,268 @@
+"""strategy="eagle": EAGLE-1/2, EAGLE-3 and speculators checkpoints written from literal key lists load strictly and
+decode exactly as plain generate() does, one row or a left-padded batch."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import DynamicCache
+
+import hf_spec
+from hf_spec.eagle import EagleDraft, load_eagle_draft
+from hf_spec.testing import tiny_causal_lm
+
+H, HEADS, KV_HEADS, FFN, VOCAB, DRAFT_VOCAB = 32, 4, 2, 64, 99, 40
+NEW_TOKENS = 20
+LAYER = {"hidden_size": H, "intermediate_size": FFN, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+         "num_hidden_layers": 1, "vocab_size": VOCAB, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+         "max_position_embeddings": 512, "hidden_act": "silu"}
+
+
+def eagle1_state(bias=True) -> dict:
+    """SafeAILab/EAGLE's EAGLE-1/2 keys (cnets1.py): fc on [embedding; hidden], layer 0 without input norm."""
+    kv = KV_HEADS * H // HEADS
+    state = {"fc.weight": (H, 2 * H), "layers.0.self_attn.q_proj.weight": (H, H),
+             "layers.0.self_attn.k_proj.weight": (kv, H), "layers.0.self_attn.v_proj.weight": (kv, H),
+             "layers.0.self_attn.o_proj.weight": (H, H), "layers.0.mlp.gate_proj.weight": (FFN, H),
+             "layers.0.mlp.up_proj.weight": (FFN, H), "layers.0.mlp.down_proj.weight": (H, FFN),
+             "layers.0.post_attention_layernorm.weight": (H,)}
+    if bias:
+        state["fc.bias"] = (H,)
+    return random_tensors(state)
+
+
+def eagle3_state(prefix="midlayer.", aux=3) -> dict:
+    """EAGLE-3's keys (SafeAILab/EAGLE cnets.py, SpecForge): fc from 3h, attention over 2h, own norm and lm_head."""
+    kv = KV_HEADS * H // HEADS
+    state = random_tensors({
+        "fc.weight": (H, aux * H), f"{prefix}hidden_norm.weight": (H,), f"{prefix}input_layernorm.weight": (H,),
+        f"{prefix}post_attention_layernorm.weight": (H,), f"{prefix}self_attn.q_proj.weight": (H, 2 * H),
+        f"{prefix}self_attn.k_proj.weight": (kv, 2 * H), f"{prefix}self_attn.v_proj.weight": (kv, 2 * H),
+        f"{prefix}self_attn.o_proj.weight": (H, H), f"{prefix}mlp.gate_proj.weight": (FFN, H),
+        f"{prefix}mlp.up_proj.weight": (FFN, H), f"{prefix}mlp.down_proj.weight": (H, FFN), "norm.weight": (H,),
+        "lm_head.weight": (DRAFT_VOCAB, H)})
+    kept = torch.arange(0, 2 * DRAFT_VOCAB, 2)  # the even ids: target id = draft id + d2t[draft id]
+    state["d2t"] = kept - torch.arange(DRAFT_VOCAB)
+    state["t2d"] = torch.zeros(VOCAB, dtype=torch.bool).index_fill_(0, kept, True)
+    return state
+
+
+def random_tensors(shapes: dict) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    return {key: (1 + 0.1 * torch.randn(shape, generator=generator)) if len(shape) == 1 and "norm" in key
+            else 0.2 * torch.randn(shape, generator=generator) for key, shape in shapes.items()}
+
+
+def write(folder, config: dict, state: dict, bin_file=False):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    if bin_file:
+        torch.save(state, folder / "pytorch_model.bin")
+    else:
+        save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+EAGLE3_CONFIG = dict(LAYER, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=DRAFT_VOCAB,
+                     eagle_aux_hidden_state_layer_ids=[0, 1, 2])
+LAYOUTS = {
+    "eagle1": lambda: (dict(LAYER, architectures=["LlamaForCausalLM"]), eagle1_state(), True),
+    "eagle1-no-bias": lambda: (dict(LAYER, architectures=["LlamaForCausalLM"], bias=False), eagle1_state(False),
+                               False),
+    "eagle3": lambda: (EAGLE3_CONFIG, eagle3_state(), False),
+    "speculators": lambda: ({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                             "transformer_layer_config": dict(LAYER, model_type="llama"),
+                             "draft_vocab_size": DRAFT_VOCAB, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+                            eagle3_state(prefix="layers.0."), False),
+}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def target(request):
+    return tiny_causal_lm(request.param, seed=0, hidden_size=H)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    return {name: write(root / name, *layout()) for name, layout in LAYOUTS.items()}
+
+
+def plain(target, inputs):
+    return target.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+
+
+def eagle(target, inputs, draft, **kwargs):
+    return target.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                           strategy="eagle", eagle_model=draft, **kwargs)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_layout_loads_and_decodes_like_plain_generate(target, checkpoints, layout, prompt):
+    draft = load_eagle_draft(checkpoints[layout], target=target)
+    assert draft.version == (1 if layout.startswith("eagle1") else 3)
+    out = eagle(target, prompt, str(checkpoints[layout]), num_speculative_tokens=6, tree_depth=3, tree_top_k=3)
+    assert torch.equal(out, plain(target, prompt))
+    stats = hf_spec.last_stats()
+    assert stats.strategy == "eagle" and stats.steps < NEW_TOKENS + 1 and stats.proposed > 0
+
+
+def fit(draft: EagleDraft, target, steps=200, seed=0) -> EagleDraft:
+    """Teach the draft the target's next choice on random token sequences (fresh ones each step): enough for a
+    tree to be partly right on the target's own text."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(draft.parameters(), lr=3e-3)
+    n = 15  # entry j pairs token j + 1 with the target's features at j, and learns the target's choice after j + 1
+    positions = torch.arange(n).expand(32, -1)
+    causal = torch.ones(n, n, dtype=torch.bool).tril().expand(32, -1, -1)
+    draft.train()
+    for _ in range(steps):
+        sequences = torch.randint(3, VOCAB, (32, n + 1), generator=generator)
+        with torch.no_grad():
+            out = target(sequences, output_hidden_states=True)
+            features = torch.cat([out.hidden_states[i] for i in draft.hidden_layers], dim=-1)[:, :-1]
+            labels = out.logits[:, 1:].argmax(-1)
+        _, logits = draft(sequences[:, 1:], features, positions, causal, DynamicCache(),
+                          target.get_input_embeddings(), target.get_output_embeddings())
+        kept = logits.gather(-1, labels[..., None]).squeeze(-1).isfinite()  # EAGLE-3: labels in its vocabulary
+        loss = torch.nn.functional.cross_entropy(logits[kept], labels[kept])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return draft.eval()
+
+
+@pytest.fixture(scope="module")
+def fitted(target, checkpoints):
+    return {name: fit(load_eagle_draft(checkpoints[name], target=target), target) for name in ("eagle1", "eagle3")}
+
+
+@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
+def test_a_fitted_draft_is_partly_right_and_exact(target, fitted, layout, prompt):
+    out = eagle(target, prompt, fitted[layout], num_speculative_tokens=8, tree_depth=4, tree_top_k=4)
+    assert torch.equal(out, plain(target, prompt))
+    stats = hf_spec.last_stats()
+    assert 0 < stats.acceptance_rate < 1 and stats.tokens_per_step > 1
+
+
+@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
+def test_a_left_padded_batch_decodes_like_plain_generate(target, fitted, layout, tokenizer):
+    tokenizer.padding_side = "left"
+    batch = tokenizer(["def fib(n):", "x = 1", "for i in range(10): print"], return_tensors="pt", padding=True)
+    assert not bool(batch["attention_mask"].all())
+    out = eagle(target, batch, fitted[layout], num_speculative_tokens=8, tree_depth=4, tree_top_k=4)
+    assert torch.equal(out, plain(target, batch))
+    assert hf_spec.last_stats().accepted > 0
+
+
+def test_default_layers_need_a_deep_enough_target(tmp_path, prompt):
+    config = {k: v for k, v in EAGLE3_CONFIG.items() if k != "eagle_aux_hidden_state_layer_ids"}
+    folder = write(tmp_path / "default-layers", config, eagle3_state())
+    deep = tiny_causal_lm("llama", seed=0, hidden_size=H, num_layers=7)
+    assert load_eagle_draft(folder, target=deep).hidden_layers == (2, 3, 4)
+    with pytest.raises(ValueError, match="too few for EAGLE-3's default layers"):
+        load_eagle_draft(folder, target=tiny_causal_lm("llama", seed=0, hidden_size=H, num_layers=6))
+
+
+def test_sglang_layer_ids_under_eagle_config_are_shifted_by_one(tmp_path):
+    config = {k: v for k, v in EAGLE3_CONFIG.items() if k != "eagle_aux_hidden_state_layer_ids"}
+    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}  # outputs of layers 1, 3, 4
+    folder = write(tmp_path / "sglang", config, eagle3_state())
+    deep = tiny_causal_lm("llama", seed=0, hidden_size=H, num_layers=7)
+    assert load_eagle_draft(folder, target=deep).hidden_layers == (2, 4, 5)
+
+
+def misfit(name):
+    config, state, _ = LAYOUTS["eagle3"]()
+    config, state = dict(config), dict(state)
+    if name == "hidden size":
+        config.update(hidden_size=48)
+    elif name == "vocabulary":
+        config.update(vocab_size=VOCAB + 1)
+    elif name == "missing key":
+        del state["midlayer.hidden_norm.weight"]
+    elif name == "extra key":
+        state["midlayer.extra.weight"] = torch.zeros(3)
+    elif name == "d2t outside the vocabulary":
+        state["d2t"] = state["d2t"].clone()
+        state["d2t"][-1] = VOCAB
+        del state["t2d"]
+    elif name == "layer ids out of range":
+        config.update(eagle_aux_hidden_state_layer_ids=[0, 1, 9])
+    elif name == "wrong shape":
+        state["fc.weight"] = torch.zeros(H, 2 * H)
+    elif name == "two layers":
+        config.update(num_hidden_layers=2)
+    return config, state
+
+
+@pytest.mark.parametrize("name, message", [
+    ("hidden size", "hidden size is 48"), ("vocabulary", "vocabulary of 100 tokens"),
+    ("missing key", r"missing \['midlayer.hidden_norm.weight'\]"), ("extra key", r"unexpected \['midlayer.extra"),
+    ("d2t outside the vocabulary", "outside the target vocabulary"), ("layer ids out of range", r"\[9\] out of range"),
+    ("wrong shape", r"fc.weight: file \(32, 64\), expected \(32, 96\)"), ("two layers", "one-layer"),
+])
+def test_a_misfit_is_refused_with_what_does_not_fit(target, tmp_path, name, message):
+    folder = write(tmp_path / "misfit", *misfit(name))
+    with pytest.raises(ValueError, match=message):
+        load_eagle_draft(folder, target=target)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"eagle_model": None}, "needs eagle_model"), ({"tree_depth": 0}, "tree_depth must be an int >= 1"),
+    ({"tree_top_k": 2.5}, "tree_top_k must be"), ({"num_speculative_tokens": "many"}, "or .auto."),
+    ({"tree": [[0]]}, "tree='dynamic'"),
+])
+def test_bad_keywords_are_refused(target, checkpoints, prompt, kwargs, message):
+    kwargs = {"eagle_model": str(checkpoints["eagle3"]), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        target.generate(**prompt, strategy="eagle", max_new_tokens=4, **kwargs)
+
+
+def test_save_then_load_round_trips(target, fitted, tmp_path, prompt):
+    from hf_spec.eagle import save_eagle_draft
+
+    save_eagle_draft(fitted["eagle3"], tmp_path / "saved")
+    loaded = load_eagle_draft(tmp_path / "saved", target=target)
+    assert torch.equal(loaded.token_map.target_ids, fitted["eagle3"].token_map.target_ids)
+    for key, value in fitted["eagle3"].state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    assert torch.equal(eagle(target, prompt, loaded), eagle(target, prompt, fitted["eagle3"]))
+
+
+def test_the_random_draft_example_writes_a_draft_that_loads(tmp_path, prompt):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    deep = tiny_causal_lm("qwen2", seed=0, hidden_size=H, num_layers=7)
+    deep.save_pretrained(tmp_path / "target")
+    example = Path(__file__).parent.parent / "examples" / "random_eagle_draft.py"
+    run = subprocess.run([sys.executable, str(example), "--target", str(tmp_path / "target"), "--output",
+                          str(tmp_path / "draft"), "--draft-vocab-size", "50"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    draft = load_eagle_draft(tmp_path / "draft", target=deep)
+    assert draft.hidden_layers == (2, 3, 4) and draft.token_map.size == 50
+    assert torch.equal(eagle(deep, prompt, draft), plain(deep, prompt))
+
+
+def test_the_bench_runs_the_eagle_mode(target, fitted):
+    from hf_spec.bench import run_bench
+    from hf_spec.bench.run import Contenders
+    from hf_spec.prompts import load_prompts
+    from hf_spec.testing import char_tokenizer
+
+    rows = run_bench(Contenders(target, eagle_model=fitted["eagle3"], eagle_nodes=8), char_tokenizer(),
+                     prompts=load_prompts(per_category=1, limit=2), modes=["vanilla", "eagle"], ks=[3],
+                     max_new_tokens=8, progress=False, print_fn=lambda line: None)
+    overall = {r["mode"]: r for r in rows if r["category"] == "all"}
+    assert overall["eagle"]["equal_to_vanilla"] == 1.0 and overall["eagle"]["tokens_per_step"] > 1
+
+
+def test_auto_node_count_is_exact_and_speculates(target, fitted, prompt):
+    out = eagle(target, prompt, fitted["eagle3"], cache_costs=False)  # num_speculative_tokens="auto"
+    assert torch.equal(out, plain(target, prompt))
+    stats = hf_spec.last_stats()
+    assert stats.k_per_step[0] == 0 and max(stats.k_per_step) > 0  # plain decoding measured first, then trees
+    assert stats.accepted > 0
