@@ -175,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="tokens/s against plain generate() and assisted generation")
     bench.add_argument("--target", help="target model (Hub id or path)")
     bench.add_argument("--draft", help="draft model (Hub id or path), for the assisted and draft modes")
-    bench.add_argument("--draft-quantization", choices=["4bit", "8bit"],
-                       help="also run the draft quantized by bitsandbytes (rows draft-4bit@k / draft-8bit@k)")
+    bench.add_argument("--draft-quantization", choices=["4bit", "8bit", "int8_weight_only"],
+                       help="also run the draft quantized: by bitsandbytes (rows draft-4bit@k / draft-8bit@k) or "
+                            "with torch's CPU int8 kernel (rows draft-int8_weight_only@k)")
     bench.add_argument("--draft-vocab-size", type=positive_int,
                        help="the draft modes score only this many target ids (the lowest, plus eos and the "
                             "prompt's tokens): a cheaper draft, the same output")

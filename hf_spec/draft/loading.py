@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
 from ..weights import not_found
+from .int8 import INT8_WEIGHT_ONLY, quantize_int8_weight_only
 
 logger = logging.getLogger(__name__)
 
@@ -20,16 +21,18 @@ def resolve_draft(draft_model, target: PreTrainedModel, *, revision: str | None 
     """The draft as a model on the target's device, checked to share the target's vocabulary.
 
     A Hub id or path is loaded (once per process, then reused) on the target's device in the target's
-    dtype, or quantized by bitsandbytes with ``draft_quantization`` ("4bit": NF4 with double quantization,
-    compute dtype = the target's; "8bit": int8; or a BitsAndBytesConfig). A model object on another device
-    is moved there; an already-quantized model object is used as it is.
+    dtype, or quantized with ``draft_quantization``: by bitsandbytes ("4bit": NF4 with double quantization,
+    compute dtype = the target's; "8bit": int8; or a BitsAndBytesConfig), or "int8_weight_only" (CPU: torch's
+    int8 kernel, ``hf_spec.draft.int8``). A model object on another device is moved there; an already-quantized
+    model object is used as it is.
     """
     if draft_model is None:
         raise ValueError("strategy='draft' needs a draft model: pass draft_model= (a model object, a Hub id or "
                          "a local path), or assistant_model=.")
     if isinstance(draft_model, (str, os.PathLike)):
-        quantization = quantization_config(draft_quantization, target)
-        draft = _load_draft(str(draft_model), str(target.device), target.dtype, revision, token, quantization)
+        int8 = draft_quantization == INT8_WEIGHT_ONLY
+        quantization = None if int8 else quantization_config(draft_quantization, target)
+        draft = _load_draft(str(draft_model), str(target.device), target.dtype, revision, token, quantization, int8)
         draft_tokenizer = draft_tokenizer or _load_tokenizer(str(draft_model), revision, token)
     elif isinstance(draft_model, PreTrainedModel):
         if draft_quantization is not None:
@@ -84,6 +87,9 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
     """The BitsAndBytesConfig for "4bit" / "8bit" (or the one given); None for full precision."""
     if draft_quantization is None:
         return None
+    if draft_quantization not in ("4bit", "8bit") and not isinstance(draft_quantization, BitsAndBytesConfig):
+        raise ValueError(f"draft_quantization must be '4bit', '8bit', '{INT8_WEIGHT_ONLY}', None or a "
+                         f"BitsAndBytesConfig; got {draft_quantization!r}.")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ValueError("draft_quantization needs bitsandbytes: pip install bitsandbytes (or 'hf-spec[quantization]').")
     if isinstance(draft_quantization, BitsAndBytesConfig):
@@ -92,22 +98,21 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
         compute_dtype = target.dtype if target.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                   bnb_4bit_compute_dtype=compute_dtype)
-    if draft_quantization == "8bit":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    raise ValueError(f"draft_quantization must be '4bit', '8bit', None or a BitsAndBytesConfig; got {draft_quantization!r}.")
+    return BitsAndBytesConfig(load_in_8bit=True)  # "8bit"
 
 
 _LOADED_DRAFTS: dict[tuple, PreTrainedModel] = {}  # the two most recently loaded drafts, reused across calls
 
 
 def _load_draft(name: str, device: str, dtype: torch.dtype, revision: str | None, token,
-                quantization: BitsAndBytesConfig | None = None) -> PreTrainedModel:
+                quantization: BitsAndBytesConfig | None = None, int8: bool = False) -> PreTrainedModel:
     quantization_key = json.dumps(quantization.to_dict(), sort_keys=True, default=str) if quantization else None
-    key = (name, device, str(dtype), revision, quantization_key)
+    key = (name, device, str(dtype), revision, INT8_WEIGHT_ONLY if int8 else quantization_key)
     if key not in _LOADED_DRAFTS:
         if len(_LOADED_DRAFTS) >= 2:
             _LOADED_DRAFTS.pop(next(iter(_LOADED_DRAFTS)))
-        _LOADED_DRAFTS[key] = _load_draft_uncached(name, device, dtype, revision, token, quantization)
+        draft = _load_draft_uncached(name, device, dtype, revision, token, quantization)
+        _LOADED_DRAFTS[key] = quantize_int8_weight_only(draft) if int8 else draft
     return _LOADED_DRAFTS[key]
 
 
