@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--target", help="target model (Hub id or path); default: a tiny offline model")
     demo.add_argument("--draft", help="draft model (Hub id or path) sharing the target's tokenizer")
     demo.add_argument("--medusa-heads", help="Medusa heads (Hub id or path) for the target")
+    demo.add_argument("--eagle-model", help="an EAGLE draft (Hub id or path) for the target")
     demo.add_argument("--tree", default="tree_8", help="Medusa tree name (default tree_8)")
     demo.add_argument("--prompt", default=None)
     demo.add_argument("--max-new-tokens", type=positive_int, default=64)
@@ -373,7 +374,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.command == "demo":
         from .demo import check_model_choice
 
-        check_model_choice(args.target, args.draft, args.medusa_heads)
+        check_model_choice(args.target, args.draft, args.medusa_heads, args.eagle_model)
     if args.command == "bench" and not args.synthetic and not args.target:
         raise UsageError("bench needs --target (or --synthetic TARGET:DRAFT)")
     if args.command == "bench" and args.modes is None:
@@ -470,7 +471,8 @@ def run(args: argparse.Namespace) -> int:
         from .demo import DEFAULT_PROMPT, run_demo
 
         results = run_demo(args.target, args.draft, args.prompt or DEFAULT_PROMPT, args.max_new_tokens,
-                           args.num_speculative_tokens, args.dtype, args.medusa_heads, args.tree)
+                           args.num_speculative_tokens, args.dtype, args.medusa_heads, args.tree,
+                           eagle_model=args.eagle_model)
         return 0 if all(result["equal_to_plain"] for result in results.values()) else 1
     return 2
 

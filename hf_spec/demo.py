@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from .engine.stats import last_stats
 
+from .eagle import EagleDraft, load_eagle_draft
 from .medusa import MedusaHeads, load_medusa_heads
 from .prompts import encode
 from .testing import char_tokenizer, perturbed_draft, tiny_causal_lm
@@ -27,35 +28,52 @@ class DemoModels:
     description: str
     draft: object = None
     medusa_heads: object = None
+    eagle_model: object = None
 
 
-def check_model_choice(target: str | None, draft: str | None, medusa_heads: str | None) -> None:
-    """The demo runs the tiny offline models, or a target with a draft and/or Medusa heads."""
-    if target is None and (draft is not None or medusa_heads is not None):
-        raise ValueError("--draft and --medusa-heads need --target")
-    if target is not None and draft is None and medusa_heads is None:
-        raise ValueError("--target needs --draft (a smaller model with the same tokenizer) or --medusa-heads")
+def untrained_eagle_draft(target) -> EagleDraft:
+    """A random-weight EAGLE-3 draft shaped for ``target`` (it reads the inputs of its layers 1, 2 and 3)."""
+    config = target.config
+    layer_config = LlamaConfig(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                               num_attention_heads=config.num_attention_heads,
+                               num_key_value_heads=config.num_key_value_heads, vocab_size=config.vocab_size,
+                               num_hidden_layers=1)
+    torch.manual_seed(0)
+    return EagleDraft(layer_config, 3, 3 * config.hidden_size, aux_layers=(1, 2, 3)).eval()
 
 
-def load_models(target: str | None, draft: str | None, medusa_heads: str | None, dtype: str) -> DemoModels:
-    check_model_choice(target, draft, medusa_heads)
+def check_model_choice(target: str | None, draft: str | None, medusa_heads: str | None,
+                       eagle_model: str | None = None) -> None:
+    """The demo runs the tiny offline models, or a target with a draft, Medusa heads and/or an EAGLE draft."""
+    if target is None and (draft is not None or medusa_heads is not None or eagle_model is not None):
+        raise ValueError("--draft, --medusa-heads and --eagle-model need --target")
+    if target is not None and draft is None and medusa_heads is None and eagle_model is None:
+        raise ValueError("--target needs --draft (a smaller model with the same tokenizer), --medusa-heads or "
+                         "--eagle-model")
+
+
+def load_models(target: str | None, draft: str | None, medusa_heads: str | None, dtype: str,
+                eagle_model: str | None = None) -> DemoModels:
+    check_model_choice(target, draft, medusa_heads, eagle_model)
     if target is None:
         tiny = tiny_causal_lm("llama", hidden_size=64, num_layers=4)
         return DemoModels(tiny, char_tokenizer(), "tiny random-weight Llama (offline; text is noise), a perturbed "
-                          "copy as draft, untrained Medusa heads (they are rarely right)",
-                          draft=perturbed_draft(tiny, noise=0.1), medusa_heads=MedusaHeads.for_model(tiny, 4))
+                          "copy as draft, untrained Medusa heads and EAGLE draft (they are rarely right)",
+                          draft=perturbed_draft(tiny, noise=0.1), medusa_heads=MedusaHeads.for_model(tiny, 4),
+                          eagle_model=untrained_eagle_draft(tiny))
     torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(target)
     target_model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype).eval()
     draft_model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch_dtype).eval() if draft else None
     heads = load_medusa_heads(medusa_heads, base_model=target_model) if medusa_heads else None
-    return DemoModels(target_model, tokenizer, f"target {target}, draft {draft}, Medusa heads {medusa_heads} ({dtype})",
-                      draft=draft_model, medusa_heads=heads)
+    eagle = load_eagle_draft(eagle_model, target=target_model) if eagle_model else None
+    return DemoModels(target_model, tokenizer, f"target {target}, draft {draft}, Medusa heads {medusa_heads}, EAGLE "
+                      f"draft {eagle_model} ({dtype})", draft=draft_model, medusa_heads=heads, eagle_model=eagle)
 
 
 def run_demo(target=None, draft=None, prompt=DEFAULT_PROMPT, max_new_tokens=64, num_speculative_tokens=4,
-             dtype="float32", medusa_heads=None, tree="tree_8", print_fn=print) -> dict:
-    models = load_models(target, draft, medusa_heads, dtype)
+             dtype="float32", medusa_heads=None, tree="tree_8", print_fn=print, eagle_model=None) -> dict:
+    models = load_models(target, draft, medusa_heads, dtype, eagle_model)
     inputs = encode(models.tokenizer, prompt)
     prompt_len = inputs["input_ids"].shape[1]
     print_fn(f"hf-spec demo: {models.description}")
@@ -65,6 +83,8 @@ def run_demo(target=None, draft=None, prompt=DEFAULT_PROMPT, max_new_tokens=64, 
         runs["draft"] = dict(strategy="draft", draft_model=models.draft, num_speculative_tokens=num_speculative_tokens)
     if models.medusa_heads is not None:
         runs["medusa"] = dict(strategy="medusa", medusa_heads=models.medusa_heads, tree=tree)
+    if models.eagle_model is not None:
+        runs["eagle"] = dict(strategy="eagle", eagle_model=models.eagle_model, num_speculative_tokens=8)
     results, reference = {}, None
     for name, kwargs in runs.items():
         start = time.perf_counter()

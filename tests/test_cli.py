@@ -9,7 +9,7 @@ from hf_spec.demo import run_demo
 def test_demo_offline_default():
     lines = []
     results = run_demo(max_new_tokens=16, num_speculative_tokens=3, print_fn=lines.append)
-    assert set(results) == {"plain", "draft", "medusa"}
+    assert set(results) == {"plain", "draft", "medusa", "eagle"}
     assert all(result["equal_to_plain"] for result in results.values())
     draft_stats = results["draft"]["stats"]
     assert draft_stats["new_tokens"] == 16 and draft_stats["steps"] > 0

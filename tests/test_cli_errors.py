@@ -65,7 +65,7 @@ def nothing_runs(monkeypatch):
     (["demo", "--target", "./no/such/model", "--draft", "{tmp}/model"], "looked on disk"),
     (["demo", "--target", "{tmp}/model", "--draft", "/no/such/draft"], "a Hub id looks like org/name"),
     (["demo", "--target", "{tmp}/model", "--medusa-heads", "~/no/such/heads"], "--medusa-heads"),
-    (["demo", "--draft", "{tmp}/model"], "--draft and --medusa-heads need --target"),
+    (["demo", "--draft", "{tmp}/model"], "--draft, --medusa-heads and --eagle-model need --target"),
     (["demo", "--target", "{tmp}/model"], "--target needs --draft"),
 ])
 def test_demo_bad_input(argv, expected, saved, capsys, nothing_runs):

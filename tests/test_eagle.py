@@ -266,3 +266,24 @@ def test_auto_node_count_is_exact_and_speculates(target, fitted, prompt):
     stats = hf_spec.last_stats()
     assert stats.k_per_step[0] == 0 and max(stats.k_per_step) > 0  # plain decoding measured first, then trees
     assert stats.accepted > 0
+
+
+def test_streamer_and_return_dict_work_as_for_the_other_strategies(target, fitted, prompt):
+    class Collect:
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value.flatten().tolist())
+
+        def end(self):
+            self.chunks.append("end")
+
+    streamer = Collect()
+    out = target.generate(**prompt, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                          strategy="eagle", eagle_model=fitted["eagle3"], num_speculative_tokens=8,
+                          streamer=streamer, return_dict_in_generate=True, output_scores=True)
+    assert torch.equal(out.sequences, plain(target, prompt))
+    assert len(out.scores) == NEW_TOKENS and out.spec_stats.strategy == "eagle"
+    streamed = [t for chunk in streamer.chunks[1:-1] for t in chunk]
+    assert streamer.chunks[-1] == "end" and streamed == out.sequences[0, prompt["input_ids"].shape[1]:].tolist()
