@@ -51,3 +51,13 @@ def heads(target):
     for head in heads.heads:
         torch.nn.init.normal_(head[-1].weight, std=0.5)
     return heads
+
+
+@pytest.fixture(scope="module")
+def draft_folder(target, tmp_path_factory):
+    """A draft that is often right, saved with the tokenizer, for the loading paths (a module may override
+    ``target``)."""
+    folder = tmp_path_factory.mktemp("draft")
+    perturbed_draft(target, noise=0.05).save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return str(folder)

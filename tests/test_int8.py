@@ -6,20 +6,12 @@ from torch import nn
 import hf_spec
 from hf_spec.draft import int8
 from hf_spec.draft.int8 import Int8WeightOnlyLinear, quantize_int8_weight_only
-from hf_spec.testing import char_tokenizer, perturbed_draft, tiny_causal_lm
+from hf_spec.testing import tiny_causal_lm
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def target(request):
     return tiny_causal_lm(request.param, hidden_size=64)  # widths that are multiples of 64: quantized
-
-
-@pytest.fixture(scope="module")
-def draft_folder(target, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("draft")
-    perturbed_draft(target, noise=0.05).save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

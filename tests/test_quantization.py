@@ -15,16 +15,6 @@ def target(request):
     return tiny_causal_lm(request.param, hidden_size=64)  # bitsandbytes' 4-bit blocks need width >= 64
 
 
-@pytest.fixture(scope="module")
-def draft_folder(target, tmp_path_factory):
-    from hf_spec.testing import char_tokenizer, perturbed_draft
-
-    folder = tmp_path_factory.mktemp("draft")
-    perturbed_draft(target, noise=0.05).save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.mark.parametrize("quantization, module", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
 def test_quantized_draft_is_lossless_and_quantized(target, prompt, draft_folder, quantization, module):
     from hf_spec.draft.loading import resolve_draft

@@ -201,14 +201,25 @@ class AutoTree(Schedule):
         self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
         self.probe_every, self.plain_streak = probe_every, 0
 
+    def expected(self) -> list[float]:
+        """E(n), the tokens a step verifying n nodes should bring, for n = 0 .. the largest size."""
+        return self.accuracy.expected_tokens(self.paths)
+
+    @property
+    def largest(self) -> int:
+        return len(self.paths)
+
+    def measured(self) -> bool:
+        return self.costs.propose_step is not None
+
     def best_size(self, smallest: int = 0) -> int:
-        return best_tree_size(self.accuracy.expected_tokens(self.paths), self.costs, smallest)
+        return best_tree_size(self.expected(), self.costs, smallest)
 
     def next(self) -> int:
         if 1 not in self.costs.verify:
             return 0  # measure plain decoding first
-        if self.costs.propose_step is None:
-            return len(self.paths)  # then the whole tree, once per pair
+        if not self.measured():
+            return self.largest  # then the largest tree, once per pair
         n = self.best_size()
         if n > 0:
             self.plain_streak, self.probe_every = 0, self.min_probe_every
@@ -265,39 +276,29 @@ class TreeConfidence:
         return [1.0 + self.ratio * sum(self.curve[:n]) for n in range(sizes + 1)]
 
 
-class AutoDynamicTree(Schedule):
+class AutoDynamicTree(AutoTree):
     """``num_speculative_tokens="auto"`` for EAGLE: each step verifies the n of the dynamic tree's best nodes (0 =
     plain decoding) that maximise E(n) / (H + V(n + 1)) (``TreeConfidence``; H the draft's measured time per
-    step, V the target's verify cost by width). Plain decoding first measures V(1), then the whole ``max_nodes``
-    once; while plain decoding wins, probe steps as ``AutoTree`` keep the estimates current."""
+    step, V the target's verify cost by width). As ``AutoTree``: plain decoding first measures V(1), then the
+    largest tree (``max_nodes``) once; while plain decoding wins, probe steps keep the estimates current."""
 
     def __init__(self, costs: Costs, confidence: TreeConfidence, max_nodes: int = 64, probe_every: int = 8,
                  max_probe_every: int = 128):
-        self.costs, self.confidence, self.max_nodes = costs, confidence, max_nodes
-        self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
-        self.probe_every, self.plain_streak = probe_every, 0
+        super().__init__(costs, None, [], probe_every, max_probe_every)
+        self.confidence, self.max_nodes = confidence, max_nodes
 
-    def best_size(self, smallest: int = 0) -> int:
-        return best_tree_size(self.confidence.expected(self.max_nodes), self.costs, smallest)
+    def expected(self) -> list[float]:
+        return self.confidence.expected(self.max_nodes)
 
-    def next(self) -> int:
-        if 1 not in self.costs.verify:
-            return 0
-        if self.costs.propose_step is None or self.confidence.curve is None:
-            return self.max_nodes
-        n = self.best_size()
-        if n > 0:
-            self.plain_streak, self.probe_every = 0, self.min_probe_every
-            return n
-        self.plain_streak += 1
-        if self.plain_streak == self.probe_every:
-            self.plain_streak, self.probe_every = 0, min(2 * self.probe_every, self.max_probe_every)
-            return self.best_size(smallest=1)
-        return 0
+    @property
+    def largest(self) -> int:
+        return self.max_nodes
+
+    def measured(self) -> bool:
+        return self.costs.propose_step is not None and self.confidence.curve is not None
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
-        self.costs.observe_verify(k + 1, verify_s)
+        super().observe(k, accepted, propose_s, verify_s, confidence)
         if k > 0:
-            self.costs.observe_propose_step(propose_s)
             self.confidence.observe_accepted(accepted)
