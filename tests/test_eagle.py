@@ -211,7 +211,8 @@ def test_a_misfit_is_refused_with_what_does_not_fit(target, tmp_path, name, mess
 @pytest.mark.parametrize("kwargs, message", [
     ({"eagle_model": None}, "needs eagle_model"), ({"tree_depth": 0}, "tree_depth must be an int >= 1"),
     ({"tree_top_k": 2.5}, "tree_top_k must be"), ({"num_speculative_tokens": "many"}, "or .auto."),
-    ({"tree": [[0]]}, "tree='dynamic'"),
+    ({"tree": [[0]], "num_speculative_tokens": 4}, "a static tree= sets the nodes"),
+    ({"tree": [[0, 0]]}, "not prefix-closed"),
 ])
 def test_bad_keywords_are_refused(target, checkpoints, prompt, kwargs, message):
     kwargs = {"eagle_model": str(checkpoints["eagle3"]), **kwargs}
@@ -287,3 +288,14 @@ def test_streamer_and_return_dict_work_as_for_the_other_strategies(target, fitte
     assert len(out.scores) == NEW_TOKENS and out.spec_stats.strategy == "eagle"
     streamed = [t for chunk in streamer.chunks[1:-1] for t in chunk]
     assert streamer.chunks[-1] == "end" and streamed == out.sequences[0, prompt["input_ids"].shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_static_tree_decodes_like_plain_generate(target, fitted, prompt, tokenizer, batched):
+    tokenizer.padding_side = "left"
+    inputs = tokenizer(["def fib(n):", "x = 1"], return_tensors="pt", padding=True) if batched else prompt
+    tree = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+    out = eagle(target, inputs, fitted["eagle3"], tree=tree)
+    assert torch.equal(out, plain(target, inputs))
+    stats = hf_spec.last_stats()
+    assert max(stats.k_per_step) == len(tree) and stats.accepted > 0

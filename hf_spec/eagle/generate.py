@@ -11,6 +11,7 @@ from ..engine.call import DecodingCall
 from ..engine.memory import pair_memory
 from ..engine.loop import speculative_generate
 from ..engine.schedule import FixedLength
+from ..engine.trees import resolve_tree
 from ..verify import Acceptance, get_verifier
 from .loading import load_eagle_draft
 from .model import EagleDraft
@@ -48,6 +49,17 @@ def check_fits(draft: EagleDraft, target) -> None:
                          f"{config.num_hidden_layers}.")
 
 
+def static_tree(tree, num_speculative_tokens) -> list[tuple[int, ...]] | None:
+    """None for tree="dynamic"; else the validated paths of a static tree (a name or a list of paths of draft
+    ranks, as for Medusa), which sets the node count itself."""
+    if tree == "dynamic":
+        return None
+    if num_speculative_tokens != "auto":
+        raise ValueError("strategy='eagle': a static tree= sets the nodes verified per step; drop "
+                         "num_speculative_tokens=, or use tree='dynamic'.")
+    return resolve_tree(tree)
+
+
 def check_tree_settings(num_speculative_tokens, tree, tree_depth, tree_top_k) -> None:
     settings = [("tree_depth", tree_depth), ("tree_top_k", tree_top_k)]
     if num_speculative_tokens != "auto":
@@ -56,9 +68,6 @@ def check_tree_settings(num_speculative_tokens, tree, tree_depth, tree_top_k) ->
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"strategy='eagle': {name} must be an int >= 1" +
                              (" or 'auto'" if name == "num_speculative_tokens" else "") + f"; got {value!r}.")
-    if tree != "dynamic":
-        raise ValueError(f"strategy='eagle': tree={tree!r} is not supported yet; use tree='dynamic' (EAGLE-2's tree, "
-                         "the default).")
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
@@ -71,7 +80,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
 
     eagle_model: a Hub id or a folder (EAGLE-1/2, EAGLE-3 or speculators layout; ``revision``/``token`` go to
     huggingface_hub) or a loaded ``EagleDraft``. Each step the draft grows EAGLE-2's dynamic tree
-    ``tree_depth`` levels deep and ``tree_top_k`` wide and the target verifies its ``num_speculative_tokens``
+    ``tree_depth`` levels deep and ``tree_top_k`` wide (``tree="dynamic"``, the default; or ``tree=`` a static tree:
+    a name or a list of paths of draft ranks, as for Medusa) and the target verifies its ``num_speculative_tokens``
     most probable nodes in one forward; "auto" (the default): each step, the node count up to ``AUTO_MAX_NODES``
     (0 = plain decoding) that the measured costs and the draft's calibrated probabilities say is fastest
     (``hf_spec.engine.auto.AutoDynamicTree``; ``cache_costs=False`` forgets earlier calls). tree_verifier: "auto" (Triton kernels on CUDA, the torch reference
@@ -82,15 +92,19 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
                            token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, **model_kwargs)
     check_tree_settings(num_speculative_tokens, tree, tree_depth, tree_top_k)
+    paths = static_tree(tree, num_speculative_tokens)
     verifier = get_verifier(tree_verifier, model.device)
     draft = resolve_eagle(eagle_model, model, revision, token)
-    if num_speculative_tokens == "auto":
+    if paths is not None:
+        schedule, confidence = FixedLength(len(paths)), None
+    elif num_speculative_tokens == "auto":
         memory = pair_memory(model, draft, cache_costs)
         memory.tree_confidence = memory.tree_confidence or TreeConfidence()
         schedule = AutoDynamicTree(memory.costs, memory.tree_confidence, AUTO_MAX_NODES)
         confidence = memory.tree_confidence
     else:
         schedule, confidence = FixedLength(num_speculative_tokens), None
-    proposer = EagleProposer(draft, model, call.padding_mask, call.batch_size, tree_depth, tree_top_k, confidence)
+    proposer = EagleProposer(draft, model, call.padding_mask, call.batch_size, tree_depth, tree_top_k, confidence,
+                             paths)
     return speculative_generate(call, proposer, schedule,
                                 Acceptance(call.do_sample, tree_rules=verifier), verifier)

@@ -30,8 +30,11 @@ class EagleProposer:
     name = "eagle"
 
     def __init__(self, draft: EagleDraft, target, padding_mask: torch.Tensor | None, batch_size: int = 1,
-                 tree_depth: int = 5, tree_top_k: int = 8, confidence: TreeConfidence | None = None):
+                 tree_depth: int = 5, tree_top_k: int = 8, confidence: TreeConfidence | None = None,
+                 static_tree: list[tuple[int, ...]] | None = None):
         self.draft, self.depth, self.top_k = draft, tree_depth, tree_top_k
+        self.static_tree = static_tree  # paths of draft ranks (as Medusa's trees), instead of the dynamic tree
+        self._static_buffers: dict[int, TreeBuffers] = {}
         self.confidence = confidence  # hears each tree's candidate probabilities (num_speculative_tokens="auto")
         self.hidden_layers = draft.hidden_layers
         self.embedding, self.head = target.get_input_embeddings(), target.get_output_embeddings()
@@ -51,9 +54,15 @@ class EagleProposer:
             if k == 0 or depth == 0 or self.last is None:
                 return Proposal(tokens=rows[0].new_empty(len(rows), 0))
             committed = self.cache.get_seq_length()
-            candidates = self._grow(depth)
+            if self.static_tree is not None:  # its own depth, as far as max_length allows
+                buffers = self._static(max_depth)
+                tokens = self._grow_static(buffers)
+            else:
+                candidates = self._grow(depth)
             rollback(self.cache, committed)
             self.valid = self.valid[:, :committed]
+        if self.static_tree is not None:
+            return Proposal(tokens=tokens.to(rows[0].device), tree=buffers)
         if self.confidence is not None:
             best = candidates[1].sort(dim=-1, descending=True).values.exp()
             self.confidence.observe_tree(best.tolist(), k)
@@ -108,6 +117,42 @@ class EagleProposer:
         past = self.valid[:, None, :].expand(-1, n, -1)
         return self.draft(tokens, features, positions, torch.cat([past, block_attention], dim=-1), self.cache,
                           self.embedding, self.head, from_target=from_target)
+
+    def _static(self, depth: int) -> TreeBuffers:
+        """The static tree's nodes at most ``depth`` deep."""
+        if depth not in self._static_buffers:
+            self._static_buffers[depth] = build_tree_buffers([p for p in self.static_tree if len(p) <= depth])
+        return self._static_buffers[depth]
+
+    def _grow_static(self, tree: TreeBuffers) -> torch.LongTensor:
+        """Every row's tokens for ``tree``'s nodes [batch, n], in block order: node (.., r) is the rank-r token of
+        the draft's distribution after its parent. Level by level, the nodes with children are fed (each attends
+        the committed entries and its ancestors) to score their children."""
+        hidden, logits = self.last
+        batch, depths = hidden.shape[0], tree.depths.tolist()
+        ranks_needed = tree.top_k_per_head()
+        tokens = torch.zeros(batch, tree.num_nodes + 1, dtype=torch.long, device=self.device)
+        outputs: dict[int, torch.Tensor] = {0: hidden}  # block index -> the draft's output its children follow
+        scores: dict[int, torch.Tensor] = {0: logits}  # block index -> the draft's logits for its children
+        fed: list[int] = []  # block indices of the tree entries in the cache, in order
+        position = self.valid.sum(-1, keepdim=True)
+        mask = tree.ancestor_mask.to(self.device)
+        for level in range(tree.max_depth):
+            parents = [b for b in range(tree.num_nodes + 1) if depths[b] == level and tree.children[b]]
+            if level > 0:  # the nodes of this level with children: fed, to score their children
+                parent_of = tree.parents.tolist()
+                features = torch.stack([outputs[parent_of[b - 1]] for b in parents], dim=1)
+                attention = mask[parents][:, fed + parents].expand(batch, -1, -1)
+                out, child_logits = self._feed(tokens[:, parents], features, attention,
+                                               (position + level - 1).expand(-1, len(parents)), from_target=False)
+                fed += parents
+                for i, b in enumerate(parents):
+                    outputs[b], scores[b] = out[:, i], child_logits[:, i]
+            for b in parents:
+                ranked = scores[b].topk(ranks_needed[level], dim=-1).indices
+                for child in tree.children[b]:
+                    tokens[:, child] = ranked[:, tree.paths[child - 1][-1]]
+        return tokens[:, 1:]
 
     def _grow(self, depth: int):
         """Every candidate of every row, level by level (so parents come first): tokens, cumulative
