@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--draft-quantization", choices=["4bit", "8bit", "int8_weight_only"],
                        help="also run the draft quantized: by bitsandbytes (rows draft-4bit@k / draft-8bit@k) or "
                             "with torch's CPU int8 kernel (rows draft-int8_weight_only@k)")
+    bench.add_argument("--quantized-draft-only", action="store_true",
+                       help="run every draft mode (draft@k, stepwise, auto) and the calibration with the quantized "
+                            "draft instead, and not the full-precision one")
     bench.add_argument("--draft-vocab-size", type=positive_int,
                        help="the draft modes score only this many target ids (the lowest, plus eos and the "
                             "prompt's tokens): a cheaper draft, the same output")

@@ -117,6 +117,8 @@ def test_bench_bad_input(argv, expected, saved, capsys, nothing_runs):
     (["bench", *TARGET, "--draft", "{tmp}/model", "--batch-size", "2"], "one row at a time"),
     (["bench", *TARGET, "--modes", "vanilla", "--draft-quantization", "4bit"], "--draft-quantization needs --draft"),
     (["bench", *TARGET, "--modes", "vanilla", "--draft-vocab-size", "32000"], "--draft-vocab-size needs --draft"),
+    (["bench", *TARGET, "--draft", "{tmp}/model", "--quantized-draft-only"],
+     "--quantized-draft-only needs --draft-quantization"),
     (["bench", *TARGET, "--modes", "vanilla,eagle"], "needs an EAGLE draft"),
     (["bench", *TARGET, "--modes", "vanilla", "--eagle-nodes", "8"], "add eagle to --modes"),
     (["bench", "--synthetic", "tiny:tiny", "--device", "warp-drive"], "--device warp-drive"),

@@ -84,7 +84,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     if json_path:
         settings = dict(modes=names, ks=ks, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
                         repeats=repeats, do_sample=do_sample, temperature=temperature, warmup=warmup,
-                        prompts=[p.question_id for p in prompts])
+                        prompts=[p.question_id for p in prompts], draft_vocab_size=contenders.draft_vocab_size,
+                        draft_quantization=contenders.draft_quantization)
         write_json(json_path, rows, runs, costs, settings)
     if plot_path:
         plot(plot_path, rows)
@@ -201,6 +202,8 @@ def check_args(args) -> None:
         raise ValueError("--eagle-nodes sets the eagle mode's tree size: add eagle to --modes.")
     if args.draft_quantization and not args.draft:
         raise ValueError("--draft-quantization needs --draft.")
+    if args.quantized_draft_only and not args.draft_quantization:
+        raise ValueError("--quantized-draft-only needs --draft-quantization (the quantization to run).")
     if args.draft_vocab_size and not args.draft:
         raise ValueError("--draft-vocab-size needs --draft.")
     if args.batch_size > 1 and "assisted" in modes:
@@ -216,7 +219,9 @@ def main(args) -> int:
     dtype = getattr(torch, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
-    draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).eval() if args.draft else None
+    draft = None
+    if args.draft and not args.quantized_draft_only:
+        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).eval()
     heads = load_medusa_heads(args.medusa_heads, base_model=target) if args.medusa_heads else None
     tree = read_tree(args.tree)
     quantized = None
@@ -225,6 +230,9 @@ def main(args) -> int:
     eagle = load_eagle_draft(args.eagle_model, target=target) if args.eagle_model else None
     contenders = Contenders(target, draft, heads, tree, quantized, args.draft_quantization, args.draft_vocab_size,
                             eagle, args.eagle_nodes or "auto")
+    if args.quantized_draft_only:  # every draft mode, and the calibration, with the quantized draft
+        contenders.draft, contenders.quantized_draft, contenders.quantization = quantized, None, None
+        contenders.draft_quantization = args.draft_quantization
     rows = run_bench(contenders, tokenizer, prompts=prompts, modes=items(args.modes), ks=items(args.k, int),
                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, do_sample=args.do_sample,
                      temperature=args.temperature, json_path=args.json, plot_path=args.plot,

@@ -31,6 +31,7 @@ class Contenders:
     draft_vocab_size: int | None = None  # the draft strategy's draft_vocab_size (rows draft@k, stepwise, auto)
     eagle_model: object = None  # an EagleDraft (row eagle)
     eagle_nodes: int | str = "auto"  # the eagle row's num_speculative_tokens
+    draft_quantization: str | None = None  # how ``draft`` itself was quantized (recorded in the JSON)
 
 
 @dataclass

@@ -73,6 +73,7 @@ def quantize_int8_weight_only(model: nn.Module) -> nn.Module:
                 setattr(parent, name, quantized)
             else:
                 kept += 1
+    model.hf_spec_quantization = INT8_WEIGHT_ONLY  # "auto" keeps its costs apart from the full-precision draft's
     if kept:
         logger.info("int8 weight-only: %d linear layers kept in %s (widths the kernel does not support)", kept,
                     model.dtype)

@@ -31,7 +31,7 @@ def _model_key(model) -> tuple:
     config = getattr(model, "config", None)
     if config is None:  # Medusa heads
         return (getattr(model, "name_or_path", None) or id(model), str(next(model.parameters()).device))
-    quantization = getattr(config, "quantization_config", None)
+    quantization = getattr(config, "quantization_config", None) or getattr(model, "hf_spec_quantization", None)
     return (model.name_or_path or id(model), str(model.device), str(model.dtype), str(quantization))
 
 
