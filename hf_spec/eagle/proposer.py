@@ -55,19 +55,13 @@ class EagleProposer:
                 return Proposal(tokens=rows[0].new_empty(len(rows), 0))
             committed = self.cache.get_seq_length()
             if self.static_tree is not None:  # its own depth, as far as max_length allows
-                buffers = self._static(max_depth)
-                tokens = self._grow_static(buffers)
+                proposal = self._static_proposal(max_depth)
             else:
-                candidates = self._grow(depth)
+                proposal = self._dynamic_proposal(depth, k)
             rollback(self.cache, committed)
             self.valid = self.valid[:, :committed]
-        if self.static_tree is not None:
-            return Proposal(tokens=tokens.to(rows[0].device), tree=buffers)
-        if self.confidence is not None:
-            best = candidates[1].sort(dim=-1, descending=True).values.exp()
-            self.confidence.observe_tree(best.tolist(), k)
-        trees, tokens = zip(*[_tree_of(*(c[r] for c in candidates), k) for r in range(len(rows))])
-        return Proposal(tokens=torch.stack(tokens).to(rows[0].device), row_trees=tuple(trees))
+        proposal.tokens = proposal.tokens.to(rows[0].device)
+        return proposal
 
     def advance(self, accepted: list[int], target_hidden: list[torch.Tensor] | None) -> None:
         for r, features in enumerate(target_hidden):
@@ -124,12 +118,26 @@ class EagleProposer:
             self._static_buffers[depth] = build_tree_buffers([p for p in self.static_tree if len(p) <= depth])
         return self._static_buffers[depth]
 
+    def _static_proposal(self, max_depth: int) -> Proposal:
+        tree = self._static(max_depth)
+        return Proposal(tokens=self._grow_static(tree), tree=tree)
+
+    def _dynamic_proposal(self, depth: int, k: int) -> Proposal:
+        """Each row's tree of its k best candidates (``confidence`` hears every candidate's probability)."""
+        candidates = self._grow(depth)
+        if self.confidence is not None:
+            best = candidates[1].sort(dim=-1, descending=True).values.exp()
+            self.confidence.observe_tree(best.tolist(), k)
+        batch = candidates[0].shape[0]
+        trees, tokens = zip(*[_tree_of(*(c[r] for c in candidates), k) for r in range(batch)])
+        return Proposal(tokens=torch.stack(tokens), row_trees=tuple(trees))
+
     def _grow_static(self, tree: TreeBuffers) -> torch.LongTensor:
         """Every row's tokens for ``tree``'s nodes [batch, n], in block order: node (.., r) is the rank-r token of
         the draft's distribution after its parent. Level by level, the nodes with children are fed (each attends
         the committed entries and its ancestors) to score their children."""
         hidden, logits = self.last
-        batch, depths = hidden.shape[0], tree.depths.tolist()
+        batch, depths, parent_of = hidden.shape[0], tree.depths.tolist(), tree.parents.tolist()
         ranks_needed = tree.top_k_per_head()
         tokens = torch.zeros(batch, tree.num_nodes + 1, dtype=torch.long, device=self.device)
         outputs: dict[int, torch.Tensor] = {0: hidden}  # block index -> the draft's output its children follow
@@ -140,7 +148,6 @@ class EagleProposer:
         for level in range(tree.max_depth):
             parents = [b for b in range(tree.num_nodes + 1) if depths[b] == level and tree.children[b]]
             if level > 0:  # the nodes of this level with children: fed, to score their children
-                parent_of = tree.parents.tolist()
                 features = torch.stack([outputs[parent_of[b - 1]] for b in parents], dim=1)
                 attention = mask[parents][:, fed + parents].expand(batch, -1, -1)
                 out, child_logits = self._feed(tokens[:, parents], features, attention,

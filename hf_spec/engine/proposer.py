@@ -33,10 +33,6 @@ class Proposal:
         tree = self.tree if self.row_trees is None else self.row_trees[r]
         return Proposal(self.tokens[r : r + 1], None if self.probs is None else self.probs[r], tree)
 
-    @property
-    def is_tree(self) -> bool:
-        return self.tree is not None or self.row_trees is not None
-
     def tree_layout(self) -> tuple[torch.BoolTensor, torch.LongTensor] | None:
         """The block's attention among its own entries and their depths: [k + 1, k + 1] and [k + 1] for one tree,
         [batch, k + 1, k + 1] and [batch, k + 1] for a tree per row; None for a chain."""
