@@ -6,7 +6,7 @@ import torch
 
 import hf_spec
 import hf_spec.engine.stats
-from hf_spec.engine.auto import AutoLength, ConfidenceCalibration
+from hf_spec.engine.auto import AnswerLengths, AutoLength, ConfidenceCalibration
 from hf_spec.engine.costs import Costs
 from hf_spec.engine.schedule import StepwiseLength
 
@@ -94,6 +94,31 @@ def test_switching_on_pays_for_the_drafts_catch_up_over_as_many_tokens_as_the_ca
     assert auto.next() == 0  # but not if the call may add only 3 more
     auto.start(prompt_length=2000, max_new_tokens=1000)  # 20 s: more than max_horizon tokens can save
     auto.made = 500
+    assert auto.next() == 0
+
+
+def test_earlier_answers_say_how_many_tokens_lie_ahead():
+    lengths = AnswerLengths()
+    for made in (64, 64, 16):  # three calls: two ran to 64 tokens, one stopped at 16
+        lengths.begin()
+        lengths.record(made)
+    lengths.begin()  # the call now decoding: not counted among the earlier ones
+    assert lengths.expected_ahead(0, 64) == pytest.approx((64 + 64 + 16) / 3)
+    assert lengths.expected_ahead(20, 44) == pytest.approx(44)  # past 16 tokens: only the long answers count
+    assert lengths.expected_ahead(20, 10) == pytest.approx(10)  # within what the call may still add
+    assert lengths.expected_ahead(64, 100) is None  # no earlier call went that far
+
+
+def test_after_long_answers_auto_catches_up_on_the_prompt_at_once():
+    auto = auto_with(CPU, 0.15, 0.97, catch_up_token=0.01)
+    for _ in range(2):  # two earlier calls made 64 tokens each
+        auto.start(prompt_length=100, max_new_tokens=64)
+        auto.made = 64
+        auto.lengths.record(64)
+    auto.start(prompt_length=100, max_new_tokens=64)  # 64 tokens ahead save ~6 s, more than the 1 s catch-up
+    assert auto.tokens_ahead() == 64 and auto.next() > 0
+    auto.start(prompt_length=100, max_new_tokens=64)
+    auto.lengths.finished.extend([2] * 200)  # ... but after many answers of 2 tokens, it waits
     assert auto.next() == 0
 
 

@@ -73,7 +73,7 @@ def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = Fals
         memory = pair_memory(target, draft, cache_costs)
         return AutoLength(memory.costs, memory.calibration_for(do_sample),
                           draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
-                          realised=memory.realised_for(do_sample))
+                          realised=memory.realised_for(do_sample), lengths=memory.answer_lengths)
     if num_speculative_tokens == "stepwise":
         return StepwiseLength()
     return FixedLength(num_speculative_tokens)

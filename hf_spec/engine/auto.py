@@ -18,10 +18,11 @@ real pair: runs started at a predicted 0.9 or more went on at 0.5-0.8). A second
 prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
 acceptance (one standard error optimistic while a bin's record is short). Starting again after plain
 steps makes the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches
-only when the time the tokens ahead should save exceeds that catch-up, and it expects as many tokens ahead as
-the call has made so far (at most what is left and ``max_horizon``): max_new_tokens says when an answer must
-stop, not how long it is. Costs and calibrations
-are kept per (target, draft, device, dtype) across calls (``cache_costs=False`` starts afresh).
+only when the time the tokens ahead should save exceeds that catch-up. max_new_tokens says when an answer must
+stop, not how long it is: the tokens ahead are what earlier calls that went past this point made beyond it
+(``AnswerLengths``), and with no such call, as many as this call has made so far (at most what is left and
+``max_horizon``). Costs, calibrations and answer lengths are kept per (target, draft, device, dtype) across
+calls (``cache_costs=False`` starts afresh).
 
 ``AutoTree`` (Medusa's ``tree="auto"``) picks the prefix size of a nested tree family the same way, from the
 heads' measured accuracy; ``AutoDynamicTree`` (EAGLE's default) picks how many of a dynamic tree's best nodes to
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 
 from .costs import Costs, best_tree_size, expected_tokens_per_step
 from .schedule import Schedule
@@ -84,6 +86,30 @@ class ConfidenceCalibration:
         self.seen[b] += 1.0
 
 
+class AnswerLengths:
+    """The number of tokens recent calls made, to expect how many lie ahead of a call that has made some: the mean,
+    over the earlier calls that went past that point, of what they made beyond it (within what this call may
+    still add). ``begin()`` opens a call's entry and ``record()`` keeps it current, so a call that stops early
+    (end of sequence, a stopping criterion, an exception) counts as far as it got."""
+
+    def __init__(self, memory: int = 64):
+        self.finished: deque[int] = deque(maxlen=memory)
+        self.current: int | None = None
+
+    def begin(self) -> None:
+        if self.current is not None:
+            self.finished.append(self.current)
+        self.current = 0
+
+    def record(self, made: int) -> None:
+        self.current = made
+
+    def expected_ahead(self, made: int, remaining: int) -> float | None:
+        """Tokens to expect beyond ``made``; None when no earlier call went past it."""
+        beyond = [min(length - made, remaining) for length in self.finished if length > made]
+        return sum(beyond) / len(beyond) if beyond else None
+
+
 class AutoLength(Schedule):
     """Chooses k each step from measured costs and predicted acceptance (see the module docstring).
 
@@ -97,9 +123,11 @@ class AutoLength(Schedule):
 
     def __init__(self, costs: Costs, calibration: ConfidenceCalibration, max_k: int = 8,
                  draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
-                 max_horizon: int = 64, first_k: int = 3, realised: ConfidenceCalibration | None = None):
+                 max_horizon: int = 64, first_k: int = 3, realised: ConfidenceCalibration | None = None,
+                 lengths: AnswerLengths | None = None):
         self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
         self.realised = realised or ConfidenceCalibration.of_predictions()
+        self.lengths = lengths or AnswerLengths()
         self.draft_cost_ratio, self.catch_up_ratio = draft_cost_ratio, catch_up_ratio
         self.smoothing, self.max_horizon = smoothing, max_horizon
         self.acceptance = 0.5  # the confidence-calibrated prediction for the next proposals
@@ -110,6 +138,7 @@ class AutoLength(Schedule):
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
         self.behind, self.max_new_tokens, self.made = prompt_length, max_new_tokens, 0
+        self.lengths.begin()
 
     @property
     def remaining(self) -> int:
@@ -144,12 +173,17 @@ class AutoLength(Schedule):
     def best_k(self) -> int:
         return max(range(self.max_k + 1), key=self.expected_rate)
 
+    def tokens_ahead(self) -> float:
+        """What earlier calls made beyond this call's length (``AnswerLengths``); with no earlier call that long, as
+        many as this call has made (at most what is left and max_horizon)."""
+        ahead = self.lengths.expected_ahead(self.made, self.remaining)
+        return min(self.made, self.remaining, self.max_horizon) if ahead is None else ahead
+
     def worth_catching_up(self, k: int) -> bool:
         """Would speculating over the tokens ahead save more than the draft needs to catch up on the tokens it
-        skipped? Tokens ahead: as many as the call has made (at most what is left and max_horizon)."""
+        skipped?"""
         saved_per_token = 1.0 / self.expected_rate(0) - 1.0 / self.expected_rate(k)
-        ahead = min(self.made, self.remaining, self.max_horizon)
-        return saved_per_token * ahead > self.catch_up_cost(self.behind - 1)
+        return saved_per_token * self.tokens_ahead() > self.catch_up_cost(self.behind - 1)
 
     def next(self) -> int:
         self.predicted_for_step = self.acceptance
@@ -179,6 +213,7 @@ class AutoLength(Schedule):
         else:
             self.behind += 1
         self.made += 1 + (min(accepted) if accepted else 0)
+        self.lengths.record(self.made)
         for row_confidence in confidence:  # the committed tokens, in order (a batch: row after row)
             for c in row_confidence:
                 self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .auto import ConfidenceCalibration
+from .auto import AnswerLengths, ConfidenceCalibration
 from .costs import Costs
 
 
@@ -16,6 +16,7 @@ class PairMemory:
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
+    answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
         return self.calibration.setdefault(do_sample, ConfidenceCalibration())
