@@ -275,6 +275,37 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--model", required=True, help="the base model whose lm_head the heads share")
     export.add_argument("--output", required=True)
 
+    eagle = commands.add_parser("train-eagle", help="train an EAGLE-3 draft for a frozen model by self-distillation")
+    eagle.add_argument("--model", required=True, help="the target (Hub id or path)")
+    eagle.add_argument("--output", help="folder for the draft, checkpoint, cache and evaluation (default: "
+                                        "$HF_SPEC_MODELS/<model>-eagle3)")
+    eagle.add_argument("--data", help="prompts, as for train-medusa (the same split: held-out questions never train)")
+    eagle.add_argument("--draft-vocab-size", type=positive_int, default=32000,
+                       help="the draft scores the N tokens the model emitted most often (d2t/t2d)")
+    eagle.add_argument("--intermediate-size", type=positive_int, help="the draft MLP's width (default: the target's)")
+    eagle.add_argument("--ttt-steps", type=positive_int, default=4,
+                       help="training-time test: the draft unrolled N times on its own outputs")
+    eagle.add_argument("--epochs", type=positive_int, default=4)
+    eagle.add_argument("--batch-size", type=positive_int, default=4, help="sequences per step")
+    eagle.add_argument("--learning-rate", type=positive_float, default=5e-4)
+    eagle.add_argument("--loss-decay", type=decay, default=0.8, help="unrolled step s's loss weight is DECAY ** s")
+    eagle.add_argument("--max-new-tokens", type=positive_int, default=128, help="self-distilled continuation length")
+    eagle.add_argument("--generation-batch-size", type=positive_int, default=8)
+    eagle.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                       help=DTYPE_HELP + "; self-distillation runs in it, and where it is bfloat16 the draft trains "
+                                         "with bfloat16 matmuls (torch.autocast; weights and losses float32)")
+    eagle.add_argument("--eval-every", type=positive_int, default=5, help="question_id %% N == 0 is held out")
+    eagle.add_argument("--limit", type=positive_int, help="at most this many training prompts")
+    eagle.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt")
+
+    export_eagle = commands.add_parser("export-eagle", help="an EAGLE-3 draft -> vLLM's speculators layout")
+    export_eagle.add_argument("--draft", required=True, help="the EAGLE-3 draft (folder or Hub id)")
+    export_eagle.add_argument("--model", required=True, help="its target (the verifier)")
+    export_eagle.add_argument("--output", required=True)
+    export_eagle.add_argument("--format", default="speculators", choices=["speculators", "eagle3"])
+    export_eagle.add_argument("--speculative-tokens", type=positive_int, default=5,
+                              help="tokens vLLM proposes per step by default")
+
     simulate = commands.add_parser("simulate", help="auto's choice of k against fixed k on measured cost curves")
     simulate.add_argument("--curves", type=simulate_curves, default="cpu,gpu-flat")
     simulate.add_argument("--alphas", type=probability_list, default="0.2,0.5,0.8,0.95")
@@ -289,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
 MODEL_OPTIONS = ("target", "draft", "medusa_heads", "model", "heads")  # Hub id or local path
 FILE_OPTIONS = ("questions", "data")  # local files
 OUTPUT_FILES = {"bench": ("json", "plot")}
-OUTPUT_FOLDERS = {"train-medusa": ("output",), "evaluate-medusa": ("output",), "export-medusa": ("output",)}
+OUTPUT_FOLDERS = {"train-medusa": ("output",), "evaluate-medusa": ("output",), "export-medusa": ("output",),
+                  "train-eagle": ("output",), "export-eagle": ("output",)}
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
 
@@ -419,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed and checked subcommand."""
-    if args.command in ("demo", "bench", "train-medusa", "evaluate-medusa"):
+    if args.command in ("demo", "bench", "train-medusa", "evaluate-medusa", "train-eagle"):
         choose_dtype(args)
     if args.command == "train-medusa":
         import torch
@@ -452,6 +484,29 @@ def run(args: argparse.Namespace) -> int:
         model = AutoModelForCausalLM.from_pretrained(args.model)
         load_medusa_heads(args.heads, base_model=model).with_own_lm_heads().save_pretrained(args.output)
         print(f"wrote the upstream Medusa-1 layout to {args.output}")
+        return 0
+    if args.command == "train-eagle":
+        import torch
+
+        from .training.eagle import EagleTrainConfig, train_eagle
+
+        config = EagleTrainConfig(draft_vocab_size=args.draft_vocab_size, intermediate_size=args.intermediate_size,
+                                  ttt_steps=args.ttt_steps, epochs=args.epochs, batch_size=args.batch_size,
+                                  learning_rate=args.learning_rate, loss_decay=args.loss_decay,
+                                  bf16=args.dtype == "bfloat16")
+        train_eagle(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
+                    max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
+                    limit=args.limit, resume=args.resume, dtype=getattr(torch, args.dtype))
+        return 0
+    if args.command == "export-eagle":
+        from transformers import AutoModelForCausalLM
+
+        from .eagle.loading import load_eagle_draft, save_eagle_draft
+
+        model = AutoModelForCausalLM.from_pretrained(args.model)
+        save_eagle_draft(load_eagle_draft(args.draft, target=model), args.output, layout=args.format, target=model,
+                         speculative_tokens=args.speculative_tokens)
+        print(f"wrote the {args.format} layout to {args.output}")
         return 0
     if args.command == "simulate":
         from .bench.simulate import main as simulate_main

@@ -279,7 +279,8 @@ def test_the_recipe_end_to_end(tokenizer, tmp_path):
     config = TrainConfig(num_heads=2, epochs=1, batch_size=16)
     heads, evaluation = train_medusa(model, out, tokenizer, data, config, max_new_tokens=12, progress=False,
                                      print_fn=lambda *_: None)
-    for name in ("config.json", "medusa_lm_head.safetensors", "checkpoint.pt", "evaluation.json", "cache/train.pt"):
+    for name in ("config.json", "medusa_lm_head.safetensors", "checkpoint.pt", "evaluation.json",
+                 "cache/train/settings.json", "cache/train/sample-0/batch-00000.pt"):
         assert (out / name).is_file(), name
     assert [json.loads(line)["question_id"] for line in (out / "eval_questions.jsonl").read_text().splitlines()] == [5, 10]
     assert 0 <= evaluation.to_dict()["top1"][0] <= 1 and evaluation.chosen_size is not None
@@ -288,15 +289,17 @@ def test_the_recipe_end_to_end(tokenizer, tmp_path):
     assert torch.equal(model.generate(**prompt, max_new_tokens=10, do_sample=False, strategy="medusa",
                                       medusa_heads=str(out), tree="auto"), expected)
     # the cache is reused: a second run does not generate again
-    again = HiddenStates.load(out / "cache" / "train.pt")
+    shard = out / "cache" / "train" / "sample-0" / "batch-00000.pt"
+    written = shard.stat().st_mtime_ns
     train_medusa(model, out, tokenizer, data, config, max_new_tokens=12, progress=False, print_fn=lambda *_: None)
-    assert torch.equal(HiddenStates.load(out / "cache" / "train.pt").hidden, again.hidden)
+    assert shard.stat().st_mtime_ns == written
     assert hf_spec.last_stats().strategy == "medusa"
     # evaluating the saved heads alone: the same held-out cache, the same figures
-    written = (out / "cache" / "eval.pt").stat().st_mtime_ns
+    shard = out / "cache" / "eval" / "sample-0" / "batch-00000.pt"
+    written = shard.stat().st_mtime_ns
     alone = evaluate_medusa(str(out), model, tokenizer=tokenizer, prompts_path=data, max_new_tokens=12,
                             progress=False, print_fn=lambda *_: None)
-    assert (out / "cache" / "eval.pt").stat().st_mtime_ns == written
+    assert shard.stat().st_mtime_ns == written
     assert alone.to_dict()["top1"] == pytest.approx(evaluation.to_dict()["top1"])
     assert alone.replayed == pytest.approx(evaluation.replayed)
 
@@ -309,9 +312,9 @@ def test_extra_sampled_continuations_add_training_data_only(tokenizer, tmp_path)
     for samples in (1, 3):
         train_medusa(model, out, tokenizer, data, config, max_new_tokens=8, samples_per_prompt=samples,
                      temperature=1.0, progress=False, print_fn=lambda *_: None)
-        sizes[samples] = [len(HiddenStates.load(out / "cache" / f"{split}.pt")) for split in ("train", "eval")]
-        written[samples] = (out / "cache" / "eval.pt").stat().st_mtime_ns
-    assert sizes[3][0] > 2 * sizes[1][0] and sizes[3][1] == sizes[1][1]  # the training cache was rebuilt
+        sizes[samples] = [len(list((out / "cache" / split).glob("sample-*/batch-*.pt"))) for split in ("train", "eval")]
+        written[samples] = (out / "cache" / "eval" / "sample-0" / "batch-00000.pt").stat().st_mtime_ns
+    assert sizes[3][0] == 3 * sizes[1][0] and sizes[3][1] == sizes[1][1]  # the training cache was rebuilt
     assert written[3] == written[1]  # the held-out cache was reused
     for bad in ({"samples_per_prompt": 0}, {"samples_per_prompt": 2, "temperature": 0.0}):
         with pytest.raises(ValueError, match="samples_per_prompt|temperature"):

@@ -108,17 +108,55 @@ def eagle_from_state_dict(state: dict[str, torch.Tensor], config: dict, target) 
     return draft.to(device=target.device, dtype=target.dtype).eval()
 
 
-def save_eagle_draft(draft: EagleDraft, folder: str | os.PathLike) -> None:
-    """Write an EAGLE-3 draft in the layout SafeAILab/EAGLE, SpecForge and ``load_eagle_draft`` read:
-    ``config.json`` (``LlamaForCausalLMEagle3``) and ``model.safetensors`` (with ``d2t``/``t2d``)."""
+LAYOUTS = ("eagle3", "speculators")
+
+
+def save_eagle_draft(draft: EagleDraft, folder: str | os.PathLike, layout: str = "eagle3", target=None,
+                     speculative_tokens: int = 5) -> None:
+    """Write an EAGLE-3 draft: ``config.json`` and ``model.safetensors`` (with ``d2t``/``t2d`` when the draft has
+    its own vocabulary).
+
+    - ``"eagle3"``: the layout SafeAILab/EAGLE, SpecForge and ``load_eagle_draft`` read (``LlamaForCausalLMEagle3``,
+      weights under ``midlayer.*``);
+    - ``"speculators"``: vLLM's (the ``speculators`` package: ``speculators_model_type: "eagle3"``, the layer's
+      config in ``transformer_layer_config``, weights under ``layers.0.*``, the embedding saved), with ``target``
+      (the verifier, its ``name_or_path`` recorded) and the number of tokens vLLM proposes by default."""
     if draft.version != 3:
         raise ValueError("save_eagle_draft writes EAGLE-3 drafts; this one is EAGLE-1/2.")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}.")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = {key: value for key, value in draft.config.to_dict().items() if key in CONFIG_KEYS}
-    config.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
-                  eagle_aux_hidden_state_layer_ids=list(draft.aux_layers), torch_dtype=str(draft.fc.weight.dtype)[6:])
+    layer = {key: value for key, value in draft.config.to_dict().items() if key in CONFIG_KEYS}
+    dtype = str(draft.fc.weight.dtype)[6:]
     state = {key: value.detach().contiguous().cpu() for key, value in draft.state_dict().items()}
+    aux = list(draft.aux_layers)
+    if layout == "eagle3":
+        config = {**layer, "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+                  "eagle_aux_hidden_state_layer_ids": aux, "torch_dtype": dtype}
+    else:
+        if target is None:
+            raise ValueError("The speculators layout records the verifier and saves its embedding: pass target=.")
+        state = {("layers.0." + key[len("midlayer."):] if key.startswith("midlayer.") else key): value
+                 for key, value in state.items()}
+        if "embed_tokens.weight" not in state:
+            state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to(
+                draft.fc.weight.dtype).contiguous().cpu()
+        verifier = target.config
+        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                  "transformer_layer_config": {**layer, "model_type": "llama", "num_hidden_layers": 1,
+                                               "attention_bias": False, "mlp_bias": False},
+                  "draft_vocab_size": draft.token_map.size if draft.token_map else layer["vocab_size"],
+                  "norm_before_residual": False, "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": aux,
+                  "speculators_config": {
+                      "algorithm": "eagle3",
+                      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                            "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                      "default_proposal_method": "greedy",
+                      "verifier": {"name_or_path": getattr(target, "name_or_path", None) or None,
+                                   "architectures": list(getattr(verifier, "architectures", None)
+                                                         or [type(target).__name__])}},
+                  "torch_dtype": dtype}
     if draft.token_map is not None:
         config["draft_vocab_size"] = draft.token_map.size
         state.update(d2t=draft.token_map.d2t, t2d=draft.token_map.t2d)

@@ -1,24 +1,28 @@
-"""Training data for Medusa heads by self-distillation: the base model's own continuations of prompts.
+"""Training data by self-distillation: the frozen model's own continuations of prompts, and the hidden states
+generation computed on the way.
 
-Heads learn what the model will say, not what a dataset says: each prompt is continued by the frozen base
-model (greedy, or sampled), and the last hidden states along prompt + continuation that generation computed
-are kept (``HiddenStates``), so epochs cost the heads' forward and backward only. Head i (0-based) at
-position t learns token t + i + 2; only continuation tokens are targets.
-
-Prompts are read by ``hf_spec.prompts.load_prompts``; ``split_train_eval`` splits them by question id into
-disjoint sets, the same rule for every kind of training.
+Proposers learn what the model will say, not what a dataset says: each prompt is continued by the frozen model
+(greedy, or sampled), and the hidden states of the layers a proposer reads are kept at the positions it trains
+on (``Continuation``), so epochs cost the proposer's forward and backward only, never a second pass of the model.
+``SelfDistillation`` is the one pipeline every trainer uses: prompts read by ``hf_spec.prompts.load_prompts``,
+split by question id into disjoint sets (``split_train_eval``, the same rule for every kind of training), each
+split continued and cached one generation batch per file, so an interrupted run resumes where it stopped.
+Consumers: Medusa heads (``HiddenStates``: the last hidden state where a head has a target; head i at position t
+learns token t + i + 2) and EAGLE drafts (``hf_spec.training.eagle``: three layers' states at every position).
 """
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
 from ..engine.runner import takes_logits_to_keep
-from ..prompts import Prompt, encode_ids, left_padded
+from ..prompts import SPEC_BENCH_QUESTIONS, Prompt, encode_ids, left_padded, load_prompts
 
 IGNORE = -100
 
@@ -49,8 +53,8 @@ def write_prompts(prompts: list[Prompt], source: str | Path, path: str | Path) -
 
 @dataclass(frozen=True)
 class Continuation:
-    """A prompt continued by the base model: prompt + continuation token ids, the prompt's length, and the
-    model's last hidden states at the ``training_positions`` [positions, hidden_size]."""
+    """A prompt continued by the base model: prompt + continuation token ids, the prompt's length, and the hidden
+    states of the layers asked for (concatenated) at the positions asked for [positions, features]."""
 
     tokens: list[int]
     prompt_length: int
@@ -58,19 +62,32 @@ class Continuation:
 
 
 def training_positions(length: int, prompt_length: int) -> range:
-    """The positions whose hidden states train the heads: from the prompt's second-to-last token (the loop's
+    """The positions whose hidden states train Medusa heads: from the prompt's second-to-last token (the loop's
     prefill stops there, and its first step's heads read that hidden state to guess the first continuation
     token) to the third-to-last token (the last with a token two places ahead)."""
     return range(max(prompt_length - 2, 0), length - 2)
 
 
+def every_position(length: int, prompt_length: int) -> range:
+    """Every position with a next token (an EAGLE draft's entry j pairs token j + 1 with the states at j)."""
+    return range(0, length - 1)
+
+
+POSITIONS: dict[str, Callable[[int, int], range]] = {"heads": training_positions, "all": every_position}
+
+
 def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 128, batch_size: int = 8,
                  do_sample: bool = False, max_prompt_tokens: int = 512, progress: bool = True,
-                 temperature: float | None = None, dtype: torch.dtype = torch.float32) -> list[Continuation]:
+                 temperature: float | None = None, dtype: torch.dtype = torch.float32, layers: tuple[int, ...] = (-1,),
+                 positions: str = "heads", shards: Path | None = None, seed: int = 0) -> list[Continuation]:
     """Each prompt continued by ``model`` in batches of left-padded prompts; a continuation ends at the model's
     eos (kept) or after ``max_new_tokens``. The hidden states are the ones generation computed on the way (the
-    prefill's for the prompt, each step's for the token it read), so no second pass over the text is needed.
-    ``temperature`` (sampling only) overrides the model's generation config."""
+    prefill's for the prompt, each step's for the token it read), so no second pass over the text is needed:
+    ``layers`` index ``output_hidden_states`` (0 the embeddings, -1 the last, after the final norm), kept at
+    ``positions`` (a name in ``POSITIONS``) in ``dtype``. ``temperature`` (sampling only) overrides the model's
+    generation config. With ``shards`` (a folder), each batch is written there as it is done and a batch already
+    there is read, not generated (a sampled batch draws from the seed ``seed`` + its index: a resumed run
+    samples what the first would have)."""
     encoded = [encode_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -78,28 +95,116 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     results: dict[int, Continuation] = {}
     sampling = {"do_sample": True, "temperature": temperature} if do_sample and temperature else {"do_sample": do_sample}
+    kept_at = POSITIONS[positions]
     bar = tqdm(total=len(order), desc="self-distillation", unit="prompt", disable=not progress)
-    for start in range(0, len(order), batch_size):
+    for number, start in enumerate(range(0, len(order), batch_size)):
         batch = order[start : start + batch_size]
+        shard = None if shards is None else Path(shards) / f"batch-{number:05d}.pt"
+        if shard is not None and shard.is_file():
+            results.update(zip(batch, _read_shard(shard)))
+            bar.update(len(batch))
+            continue
+        if do_sample:
+            torch.manual_seed(seed + number)
         inputs = {key: value.to(model.device) for key, value in left_padded([encoded[i] for i in batch], pad).items()}
         width = inputs["input_ids"].shape[1]
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=pad, output_hidden_states=True,
                                  return_dict_in_generate=True, **sampling)
-        # the last layer along each row: the prefill's [batch, width], then one per step for the token it read;
+        # the layers along each row: the prefill's [batch, width], then one per step for the token it read;
         # position p of a prompt of length P sits at width - P + p
-        along = torch.cat([step[-1] for step in out.hidden_states], dim=1)
+        along = torch.cat([torch.cat([step[layer] for layer in layers], dim=-1) for step in out.hidden_states], dim=1)
         for row, i in enumerate(batch):
             continuation = out.sequences[row, width:].tolist()
             end = next((j + 1 for j, token in enumerate(continuation) if token in eos), len(continuation))
             tokens, prompt_length = encoded[i] + continuation[:end], len(encoded[i])
-            kept = torch.tensor(list(training_positions(len(tokens), prompt_length)), dtype=torch.long)
+            kept = torch.tensor(list(kept_at(len(tokens), prompt_length)), dtype=torch.long)
             kept += width - prompt_length
             results[i] = Continuation(tokens, prompt_length, along[row, kept].to("cpu", dtype))
+        if shard is not None:
+            _write_shard(shard, [results[i] for i in batch])
         del out, along
         bar.update(len(batch))
     bar.close()
     return [results[i] for i in range(len(encoded))]
+
+
+def _write_shard(path: Path, continuations: list[Continuation]) -> None:
+    state = [{"tokens": c.tokens, "prompt_length": c.prompt_length, "hidden": c.hidden} for c in continuations]
+    partial = path.with_suffix(".tmp")
+    torch.save(state, partial)
+    partial.replace(path)  # a run killed mid-write leaves no half shard
+
+
+def _read_shard(path: Path) -> list[Continuation]:
+    return [Continuation(c["tokens"], c["prompt_length"], c["hidden"])
+            for c in torch.load(path, map_location="cpu", weights_only=True)]
+
+
+class SelfDistillation:
+    """The prompts split by question id (``eval_questions.jsonl`` in ``folder``: the held-out rows, for the bench)
+    and each split's continuations by ``model``, with the hidden states of ``layers`` at ``positions`` in
+    ``dtype``, cached in ``folder/cache/<split>/`` (one file per generation batch, and the settings they were
+    made with: other settings start the split afresh; the same ones resume or reuse it).
+
+    ``limit`` trains on that many prompts taken evenly over the file (and evaluates on a quarter as many), so
+    every category keeps its share."""
+
+    def __init__(self, model, tokenizer, folder: str | Path, prompts_path: str | Path | None = None,
+                 eval_every: int = 5, limit: int | None = None, max_new_tokens: int = 128, batch_size: int = 8,
+                 layers: tuple[int, ...] = (-1,), positions: str = "heads", dtype: torch.dtype = torch.float32,
+                 progress: bool = True, print_fn=print):
+        self.model, self.tokenizer, self.folder = model, tokenizer, Path(folder)
+        self.max_new_tokens, self.batch_size, self.layers, self.positions = max_new_tokens, batch_size, layers, positions
+        self.dtype, self.progress = dtype, progress
+        self.folder.mkdir(parents=True, exist_ok=True)
+        prompts_path = prompts_path or SPEC_BENCH_QUESTIONS
+        train, held_out = split_train_eval(load_prompts(prompts_path), eval_every)
+        write_prompts(held_out, prompts_path, self.folder / "eval_questions.jsonl")  # all of them, for the bench
+        if limit:
+            train, held_out = _spread(train, limit), _spread(held_out, max(limit // 4, 1))
+        self.prompts = {"train": train, "eval": held_out}
+        print_fn(f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0)")
+        self.settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype),
+                         "prompts": str(prompts_path), "limit": limit, "eval_every": eval_every,
+                         "max_new_tokens": max_new_tokens, "batch_size": batch_size, "layers": list(layers),
+                         "positions": positions, "dtype": str(dtype), "data_format": 3}
+
+    def continuations(self, split: str, do_sample: bool, samples: int = 1, temperature: float = 0.7,
+                      seed: int = 0) -> list[Continuation]:
+        """The split's continuations: one per prompt, as ``do_sample`` says, plus ``samples`` - 1 sampled at
+        ``temperature`` (seeded from ``seed``), from the cache where it holds them."""
+        settings = {**self.settings, "split": split, "do_sample": do_sample}
+        if samples > 1:
+            settings.update(samples_per_prompt=samples, temperature=temperature, seed=seed)
+        folder = self.folder / "cache" / split
+        marker = folder / "settings.json"
+        if folder.is_dir() and (not marker.is_file() or json.loads(marker.read_text()) != settings):
+            shutil.rmtree(folder)  # made with other settings
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(settings, indent=1) + "\n")
+        prompts, continuations = self.prompts[split], []
+        for sample in range(samples):
+            sampled = do_sample or sample > 0
+            continuations += self_distill(
+                self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size, sampled,
+                progress=self.progress, temperature=temperature if sample > 0 else None, dtype=self.dtype,
+                layers=self.layers, positions=self.positions, shards=_shard_folder(folder, sample),
+                seed=seed * 1_000_003 + sample * 10_007)
+        return continuations
+
+
+def _shard_folder(folder: Path, sample: int) -> Path:
+    path = folder / f"sample-{sample}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _spread(items: list, count: int) -> list:
+    """``count`` items taken evenly over ``items`` (all of them if there are no more)."""
+    if count >= len(items):
+        return items
+    return [items[i * len(items) // count] for i in range(count)]
 
 
 @dataclass

@@ -29,9 +29,9 @@ from tqdm.auto import tqdm
 
 from ..medusa.heads import MedusaHeads
 from ..medusa.loading import load_medusa_heads
-from ..prompts import SPEC_BENCH_QUESTIONS, load_prompts
-from .data import IGNORE, HiddenStates, self_distill, split_train_eval, write_prompts
+from .data import IGNORE, HiddenStates, SelfDistillation
 from .medusa_evaluation import evaluate_heads
+from .optimization import epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -160,22 +160,14 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
         last_rows = sequence_last_rows(data)
     steps_per_epoch = math.ceil(len(data) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
-    # fused: one kernel for all parameters; on a CPU, 12x faster than the default for own-lm_head heads (28M
-    # parameters a head on SmolLM2), where the step would otherwise cost as much as the forward and backward
-    optimizer = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=config.learning_rate,
-                                  weight_decay=config.weight_decay, fused=device.type in ("cpu", "cuda"))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _learning_rate_factor(s, config, total_steps))
+    # fused AdamW: on a CPU, 12x faster than the default for own-lm_head heads (28M parameters a head on SmolLM2)
+    optimizer, schedule = optimizer_and_schedule(heads, config.learning_rate, config.weight_decay,
+                                                 config.warmup_steps, total_steps)
     weights = torch.tensor([config.loss_decay ** i for i in range(heads.num_heads)], device=device)
     step, log = 0, []
     checkpoint = Path(output_dir) / CHECKPOINT if output_dir is not None else None
     if resume:
-        if checkpoint is None or not checkpoint.is_file():
-            raise FileNotFoundError(f"Nothing to resume: {checkpoint} does not exist.")
-        state = torch.load(checkpoint, map_location=device, weights_only=True)
-        heads.load_state_dict(state["heads"], strict=True)
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        step, log = state["step"], list(state["log"])
+        step, log = load_checkpoint(checkpoint, "heads", heads, optimizer, schedule)
     last = min(total_steps, max_steps) if max_steps is not None else total_steps
     bar = tqdm(total=last, initial=step, desc="training heads", unit="step", disable=not progress)
     with _bfloat16_lm_heads(heads, base_lm_head) if config.bf16 else nullcontext(base_lm_head) as base_lm_head:
@@ -183,8 +175,8 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
         order, order_epoch = None, None
         while step < last:
             epoch, index = divmod(step, steps_per_epoch)
-            if epoch != order_epoch:  # each epoch's order depends on the seed and the epoch only: resume finds it
-                order, order_epoch = torch.randperm(len(data), generator=torch.Generator().manual_seed(config.seed + epoch)), epoch
+            if epoch != order_epoch:
+                order, order_epoch = epoch_order(len(data), config.seed, epoch), epoch
             batch = order[index * config.batch_size : (index + 1) * config.batch_size]
             hidden = data.hidden[batch].to(device, heads.dtype)
             targets = data.targets[batch].to(device)
@@ -206,7 +198,7 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
             bar.update(1)
             bar.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{a:.2f}" for a in entry["top1"]))
             if checkpoint is not None and (step % config.checkpoint_every == 0 or step == last):
-                _save_checkpoint(checkpoint, heads, optimizer, schedule, step, log, config)
+                save_checkpoint(checkpoint, "heads", heads, optimizer, schedule, step, log, asdict(config))
     bar.close()
     heads.eval()
     return log
@@ -229,30 +221,6 @@ def _bfloat16_lm_heads(heads: MedusaHeads, base_lm_head: nn.Module | None):
         yield cast(base_lm_head)
     finally:
         heads.base_lm_head = shared
-
-
-def _spread(items: list, count: int) -> list:
-    """``count`` items taken evenly over ``items`` (all of them if there are no more)."""
-    if count >= len(items):
-        return items
-    return [items[i * len(items) // count] for i in range(count)]
-
-
-def _learning_rate_factor(step: int, config: TrainConfig, total_steps: int) -> float:
-    """Linear warm-up, then cosine decay to zero."""
-    if step < config.warmup_steps:
-        return (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(total_steps - config.warmup_steps, 1)
-    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def _save_checkpoint(path: Path, heads, optimizer, schedule, step: int, log: list[dict], config: TrainConfig) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"heads": heads.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-             "step": step, "log": log, "config": asdict(config)}
-    partial = path.with_suffix(".tmp")
-    torch.save(state, partial)
-    partial.replace(path)  # a crash mid-write leaves the previous checkpoint intact
 
 
 def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: str | Path | None = None,
@@ -320,49 +288,21 @@ def _frozen_base(model, tokenizer, dtype: torch.dtype = torch.float32):
 
 
 class _Recipe:
-    """The prompts split by question id, the cached self-distilled hidden states of each split, and the
-    evaluation written next to the heads."""
+    """Medusa's consumer of the shared pipeline: the last hidden state where a head has a target, for each split,
+    and the evaluation written next to the heads."""
 
     def __init__(self, model, tokenizer, output_dir: Path, prompts_path, eval_every: int, limit: int | None,
                  max_new_tokens: int, generation_batch_size: int, num_heads: int, progress: bool, print_fn):
-        self.model, self.tokenizer, self.output_dir = model, tokenizer, output_dir
-        self.max_new_tokens, self.batch_size, self.num_heads = max_new_tokens, generation_batch_size, num_heads
-        self.progress, self.print_fn = progress, print_fn
-        output_dir.mkdir(parents=True, exist_ok=True)
-        prompts_path = prompts_path or SPEC_BENCH_QUESTIONS
-        train, held_out = split_train_eval(load_prompts(prompts_path), eval_every)
-        write_prompts(held_out, prompts_path, output_dir / "eval_questions.jsonl")  # all of them, for the bench
-        if limit:  # evenly over the file, so every category keeps its share
-            train, held_out = _spread(train, limit), _spread(held_out, max(limit // 4, 1))
-        self.prompts = {"train": train, "eval": held_out}
-        print_fn(f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0)")
-        self.settings = {"model": getattr(model, "name_or_path", None), "prompts": str(prompts_path), "limit": limit,
-                         "eval_every": eval_every, "max_new_tokens": max_new_tokens,
-                         "num_heads": num_heads, "data_format": 2,  # 2: targets from the second-to-last prompt token
-                         **({"dtype": str(model.dtype)} if model.dtype != torch.float32 else {})}  # fp32 caches stay valid
+        self.model, self.output_dir, self.num_heads, self.print_fn = model, output_dir, num_heads, print_fn
+        self.data = SelfDistillation(model, tokenizer, output_dir, prompts_path, eval_every, limit, max_new_tokens,
+                                     generation_batch_size, layers=(-1,), positions="heads", progress=progress,
+                                     print_fn=print_fn)
+        self.prompts = self.data.prompts
 
     def hidden_states(self, split: str, do_sample: bool, samples: int = 1, temperature: float = 0.7,
                       seed: int = 0) -> HiddenStates:
-        """The split's hidden states, from ``cache/`` when the settings match, else self-distilled (one
-        continuation per prompt, as ``do_sample`` says, plus ``samples`` - 1 sampled at ``temperature``)."""
-        path, meta = self.output_dir / "cache" / f"{split}.pt", self.output_dir / "cache" / f"{split}.json"
-        settings = {**self.settings, "do_sample": do_sample}
-        if samples > 1:
-            settings.update(samples_per_prompt=samples, temperature=temperature, seed=seed)
-        if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
-            return HiddenStates.load(path)
-        torch.manual_seed(seed)
-        prompts = self.prompts[split]
-        continuations = self_distill(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size,
-                                     do_sample, progress=self.progress)
-        for _ in range(samples - 1):
-            continuations += self_distill(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size,
-                                          True, progress=self.progress, temperature=temperature)
-        data = HiddenStates.of(continuations, self.num_heads)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data.save(path)
-        meta.write_text(json.dumps(settings))
-        return data
+        """The split's hidden states and each head's targets (``SelfDistillation.continuations``)."""
+        return HiddenStates.of(self.data.continuations(split, do_sample, samples, temperature, seed), self.num_heads)
 
     def evaluate(self, heads: MedusaHeads, held_out: HiddenStates):
         context = round(len(held_out) / max(len(self.prompts["eval"]), 1)) + 64

@@ -118,6 +118,7 @@ class Evaluation:
     costs: Costs | None = None
     heads_by_size: list[float] | None = None  # H for each prefix size: the heads its depth reaches
     chosen_size: int | None = None
+    unit: str = "head"  # what a column of the accuracy table is: a Medusa head, an EAGLE draft's unrolled step
 
     def rate(self, n: int) -> float:
         """Predicted tokens per second verifying the first n nodes as a fixed tree (n = 0: plain decoding)."""
@@ -143,11 +144,11 @@ class Evaluation:
 
     def table(self) -> str:
         heads = range(self.accuracy.num_heads)
-        lines = ["head      " + "".join(f"{h:>7}" for h in heads),
+        lines = [f"{self.unit:<10}" + "".join(f"{h:>7}" for h in heads),
                  "top-1     " + "".join(f"{self.accuracy.top_k_accuracy(h, 1):>7.2f}" for h in heads),
                  "top-5     " + "".join(f"{self.accuracy.top_k_accuracy(h, 5):>7.2f}" for h in heads),
                  f"({int(self.accuracy.trials[0])} held-out positions)", "",
-                 "tree nodes  tokens/step (replayed)  (independent heads)" + ("   predicted tok/s" if self.costs else "")]
+                 f"tree nodes  tokens/step (replayed)  (independent {self.unit}s)" + ("   predicted tok/s" if self.costs else "")]
         for n in _named_sizes(self.paths):
             rate = f"   {self.rate(n):>14.1f}" if self.costs else ""
             lines.append(f"{n:>10}  {self.replayed[n]:>21.2f}  {self.independent[n]:>19.2f}{rate}")

@@ -1,0 +1,206 @@
+"""Training EAGLE-3 drafts: the unrolled forward against inference, learning, the vocabulary, saving, exporting,
+resuming, the evaluation, and the recipe end to end."""
+import json
+
+import pytest
+import torch
+
+from hf_spec.eagle.loading import load_eagle_draft, save_eagle_draft
+from hf_spec.eagle.proposer import EagleProposer
+from hf_spec.prompts import Prompt
+from hf_spec.testing import tiny_causal_lm
+from hf_spec.token_map import TokenMap
+from hf_spec.training.data import Continuation, SelfDistillation, collect_hidden_states, self_distill
+from hf_spec.training.eagle import (Batch, EagleTrainConfig, draft_index, draft_ranks, evaluate_draft, most_frequent_tokens,
+                                    new_eagle_draft, step_losses, train_draft, train_eagle, unrolled)
+
+VOCAB = 32
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    return tiny_causal_lm("llama", seed=5, vocab_size=VOCAB, hidden_size=32, num_layers=8).requires_grad_(False)
+
+
+def random_continuations(target, count=6, length=12, prompt_length=3, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    features = 3 * target.config.hidden_size
+    return [Continuation(torch.randint(VOCAB, (length,), generator=generator).tolist(), prompt_length,
+                         torch.randn(length - 1, features, generator=generator)) for _ in range(count)]
+
+
+def mode_sequences(target, count=64, length=24, seed=0):
+    """Each token is a fixed function of the previous token and of a mode the hidden states carry (so the
+    embedding alone cannot solve it): x[t + 1] = (a_m x[t] + b_m) mod VOCAB, m in {0, 1} per sequence, written into
+    the features as +-1 along one direction (plus noise)."""
+    features = 3 * target.config.hidden_size
+    direction = torch.randn(features, generator=torch.Generator().manual_seed(1234))  # the same in every set
+    generator = torch.Generator().manual_seed(seed)
+    rules = [(5, 3), (7, 11)]
+    sequences = []
+    for i in range(count):
+        mode = i % 2
+        tokens = [int(torch.randint(VOCAB, (1,), generator=generator))]
+        for _ in range(length - 1):
+            a, b = rules[mode]
+            tokens.append((a * tokens[-1] + b) % VOCAB)
+        hidden = 0.3 * torch.randn(length - 1, features, generator=generator) + (2 * mode - 1) * direction
+        sequences.append(Continuation(tokens, 2, hidden))
+    return sequences
+
+
+def test_the_unrolled_forward_is_what_the_tree_computes_at_inference(small_target):
+    torch.manual_seed(0)
+    draft = new_eagle_draft(small_target, TokenMap.of(range(0, VOCAB, 2), VOCAB)).eval()
+    for p in draft.parameters():  # a trained-looking draft: not the identity-ish start
+        p.data += 0.05 * torch.randn_like(p)
+    embedding = small_target.get_input_embeddings()
+    (c,) = random_continuations(small_target, count=1, length=10)
+    tokens = torch.tensor([c.tokens + [0] * 4])
+    features, valid = c.hidden[None], torch.ones(1, 9, dtype=torch.bool)
+    with torch.no_grad():
+        steps = list(unrolled(draft, embedding, tokens, features, valid, steps=3))
+        for j in (0, 4, 6):  # a tree rooted at x[j + 1]: the cache holds entries 0..j
+            from transformers import DynamicCache
+            cache = DynamicCache(config=draft.config)
+            causal = torch.ones(j + 1, j + 1, dtype=torch.bool).tril()[None]
+            out, _ = draft(tokens[:, 1 : j + 2], features[:, : j + 1], torch.arange(j + 1)[None], causal, cache,
+                           embedding, small_target.get_output_embeddings())
+            assert torch.allclose(out[0, j], steps[0][0, j], atol=1e-5)
+            hidden = out[:, j]
+            for s in (1, 2):  # the depth-(s + 1) node: the next true token, its parent's output as features
+                attention = torch.ones(1, 1, j + 1 + s, dtype=torch.bool)
+                hidden, _ = draft(tokens[:, j + 1 + s : j + 2 + s], hidden[:, None], torch.tensor([[j + s]]), attention,
+                                  cache, embedding, small_target.get_output_embeddings(), from_target=False)
+                hidden = hidden[:, 0]
+                assert torch.allclose(hidden[0], steps[s][0, j], atol=1e-5), (j, s)
+
+
+def test_the_loss_falls_by_half_and_steps_one_and_two_learn_a_rule_the_embedding_cannot(small_target):
+    data = mode_sequences(small_target)
+    torch.manual_seed(0)
+    draft = new_eagle_draft(small_target, None)
+    config = EagleTrainConfig(ttt_steps=3, epochs=30, batch_size=8, learning_rate=1e-2, warmup_steps=10)
+    log = train_draft(draft, small_target.get_input_embeddings(), data, config, progress=False)
+    first, last = sum(e["loss"] for e in log[:5]) / 5, sum(e["loss"] for e in log[-5:]) / 5
+    assert last < first / 2
+    held_out = mode_sequences(small_target, count=16, seed=1)
+    ranks, ends = draft_ranks(draft, small_target.get_input_embeddings(), held_out, steps=3)
+    for step in (0, 1):
+        judged = ranks[:, step][ranks[:, step] >= -1]
+        assert (judged == 0).float().mean() > 0.9, step
+    assert len(ends) == 16 and int(ends[-1]) == len(ranks) - 1
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_continuation_tokens():
+    data = [Continuation([9, 9, 5, 5, 5, 7, 7, 1], 2, torch.zeros(7, 3))]  # prompt [9, 9] does not count
+    token_map = most_frequent_tokens(data, 3, 12, also=[11])
+    assert token_map.target_ids.tolist() == [1, 5, 7, 11]
+    assert most_frequent_tokens(data, 5, 12).target_ids.tolist() == [0, 1, 2, 5, 7]  # then the lowest ids
+
+
+def test_a_new_draft_starts_from_the_targets_output_rows(small_target):
+    token_map = TokenMap.of([1, 4, 9], VOCAB)
+    draft = new_eagle_draft(small_target, token_map, intermediate_size=16)
+    assert torch.equal(draft.lm_head.weight, small_target.get_output_embeddings().weight[[1, 4, 9]])
+    assert torch.equal(draft.norm.weight, small_target.model.norm.weight)
+    assert draft.layer.mlp.gate_proj.out_features == 16 and draft.aux_layers == (2, 4, 5)
+
+
+def test_save_load_and_the_speculators_export_round_trip(small_target, tmp_path):
+    torch.manual_seed(1)
+    draft = new_eagle_draft(small_target, TokenMap.of(range(3, 20), VOCAB), aux_layers=(1, 3, 4)).eval()
+    for p in draft.parameters():
+        p.data += 0.05 * torch.randn_like(p)
+    save_eagle_draft(draft, tmp_path / "eagle3")
+    save_eagle_draft(draft, tmp_path / "speculators", layout="speculators", target=small_target)
+    config = json.loads((tmp_path / "speculators" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 17
+    assert config["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    from safetensors.torch import load_file
+    keys = set(load_file(str(tmp_path / "speculators" / "model.safetensors")))
+    assert {"layers.0.hidden_norm.weight", "embed_tokens.weight", "d2t", "t2d", "fc.weight"} <= keys
+    assert not any(k.startswith("midlayer.") for k in keys)
+    c = random_continuations(small_target, count=2)
+    expected = step_losses(draft, small_target.get_input_embeddings(),
+                           Batch.of(c, draft_index(draft), 2, draft.device, torch.float32), 2)[0]
+    for layout in ("eagle3", "speculators"):
+        loaded = load_eagle_draft(tmp_path / layout, target=small_target)
+        assert loaded.aux_layers == (1, 3, 4) and torch.equal(loaded.token_map.target_ids, draft.token_map.target_ids)
+        embedding = loaded.embed_tokens if loaded.embed_tokens is not None else small_target.get_input_embeddings()
+        got = step_losses(loaded, embedding, Batch.of(c, draft_index(draft), 2, draft.device, torch.float32), 2)[0]
+        assert torch.allclose(torch.stack(got), torch.stack(expected))
+    with pytest.raises(ValueError, match="target="):
+        save_eagle_draft(draft, tmp_path / "x", layout="speculators")
+
+
+def test_resume_continues_on_the_same_batch_order(small_target, tmp_path):
+    data = random_continuations(small_target, count=10)
+    config = EagleTrainConfig(ttt_steps=2, epochs=2, batch_size=3, checkpoint_every=2)
+
+    def fresh():
+        torch.manual_seed(0)
+        return new_eagle_draft(small_target, None)
+
+    whole = fresh()
+    log = train_draft(whole, small_target.get_input_embeddings(), data, config, tmp_path / "a", progress=False)
+    part = fresh()
+    train_draft(part, small_target.get_input_embeddings(), data, config, tmp_path / "b", max_steps=3, progress=False)
+    resumed = fresh()
+    log2 = train_draft(resumed, small_target.get_input_embeddings(), data, config, tmp_path / "b", resume=True,
+                       progress=False)
+    assert [e["batch"] for e in log2] == [e["batch"] for e in log] and len(log) == 8
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="Nothing to resume"):
+        train_draft(fresh(), small_target.get_input_embeddings(), data, config, tmp_path / "c", resume=True,
+                    progress=False)
+
+
+def test_self_distillation_keeps_the_three_layers_at_every_position(tokenizer, small_target):
+    prompts = [Prompt("1", "text", "def f(x):"), Prompt("2", "text", "a longer prompt, with more words in it")]
+    model = tiny_causal_lm("llama", seed=5, num_layers=8).requires_grad_(False)
+    kept = self_distill(model, tokenizer, prompts, max_new_tokens=7, batch_size=2, progress=False, layers=(2, 3, 5),
+                        positions="all")
+    for c in kept:
+        with torch.no_grad():
+            states = model(torch.tensor([c.tokens]), output_hidden_states=True).hidden_states
+        again = torch.cat([states[i][0, : len(c.tokens) - 1] for i in (2, 3, 5)], dim=-1)
+        assert c.hidden.shape == again.shape and torch.allclose(c.hidden, again, atol=1e-4)
+
+
+def test_an_interrupted_self_distillation_resumes_batch_by_batch(tokenizer, tmp_path):
+    model = tiny_causal_lm("llama", seed=5).requires_grad_(False)
+    prompts = [Prompt(str(i), "text", f"prompt {i} " * (i + 1)) for i in range(5)]
+    first = self_distill(model, tokenizer, prompts, max_new_tokens=5, batch_size=2, progress=False, shards=tmp_path)
+    shards = sorted(tmp_path.glob("batch-*.pt"))
+    assert len(shards) == 3
+    kept = shards[0].stat().st_mtime_ns
+    shards[1].unlink()  # as if the run had stopped there
+    again = self_distill(model, tokenizer, prompts, max_new_tokens=5, batch_size=2, progress=False, shards=tmp_path)
+    assert shards[0].stat().st_mtime_ns == kept and shards[1].is_file()
+    assert [c.tokens for c in again] == [c.tokens for c in first]
+
+
+def test_train_eagle_end_to_end(tokenizer, tmp_path):
+    from tests.test_medusa_train import questions_file
+
+    model = tiny_causal_lm("qwen2", seed=0, num_layers=8)
+    data = questions_file(tmp_path, 12)
+    out = tmp_path / "draft"
+    config = EagleTrainConfig(draft_vocab_size=40, ttt_steps=3, epochs=2, batch_size=4)
+    draft, evaluation = train_eagle(model, out, tokenizer, data, config, max_new_tokens=12, progress=False,
+                                    print_fn=lambda *_: None)
+    for name in ("config.json", "model.safetensors", "checkpoint.pt", "evaluation.json", "eval_questions.jsonl",
+                 "cache/train/settings.json"):
+        assert (out / name).is_file(), name
+    assert draft.token_map.size >= 40 and evaluation.chosen_size is not None
+    assert 0 <= evaluation.to_dict()["top1"][0] <= 1 and len(evaluation.to_dict()["top1"]) == 3
+    prompt = tokenizer("prompt number 5:", return_tensors="pt")
+    expected = model.generate(**prompt, max_new_tokens=10, do_sample=False)
+    assert torch.equal(model.generate(**prompt, max_new_tokens=10, do_sample=False, strategy="eagle",
+                                      eagle_model=str(out)), expected)
+    if (out / "tree.json").is_file():
+        tree = [tuple(p) for p in json.loads((out / "tree.json").read_text())]
+        assert torch.equal(model.generate(**prompt, max_new_tokens=10, do_sample=False, strategy="eagle",
+                                          eagle_model=str(out), tree=tree), expected)
