@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--eagle-model", help="EAGLE draft (Hub id or path), for the eagle mode")
     bench.add_argument("--eagle-nodes", type=positive_int,
                        help="tree nodes the eagle mode verifies per step (default: auto)")
+    bench.add_argument("--eagle-tree", help="the eagle mode's static tree: a name, a JSON list of paths or a .json "
+                                            "file of one (train-eagle writes tree.json); default: the dynamic tree")
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63), \"auto\", a JSON list of paths or a .json file of one (train-medusa writes tree.json)")
     bench.add_argument("--modes", type=bench_modes,
                        help="any of vanilla, assisted, draft, auto, stepwise, medusa, eagle (vanilla among them; default "
@@ -296,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "with bfloat16 matmuls (torch.autocast; weights and losses float32)")
     eagle.add_argument("--eval-every", type=positive_int, default=5, help="question_id %% N == 0 is held out")
     eagle.add_argument("--limit", type=positive_int, help="at most this many training prompts")
+    eagle.add_argument("--train-fraction", type=probability, default=1.0,
+                       help="train on this share of the self-distilled data (a data-size probe: generated once)")
     eagle.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt")
 
     export_eagle = commands.add_parser("export-eagle", help="an EAGLE-3 draft -> vLLM's speculators layout")
@@ -496,7 +500,8 @@ def run(args: argparse.Namespace) -> int:
                                   bf16=args.dtype == "bfloat16")
         train_eagle(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
                     max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
-                    limit=args.limit, resume=args.resume, dtype=getattr(torch, args.dtype))
+                    limit=args.limit, resume=args.resume, dtype=getattr(torch, args.dtype),
+                    train_fraction=args.train_fraction)
         return 0
     if args.command == "export-eagle":
         from transformers import AutoModelForCausalLM

@@ -121,6 +121,11 @@ def test_bench_bad_input(argv, expected, saved, capsys, nothing_runs):
      "--quantized-draft-only needs --draft-quantization"),
     (["bench", *TARGET, "--modes", "vanilla,eagle"], "needs an EAGLE draft"),
     (["bench", *TARGET, "--modes", "vanilla", "--eagle-nodes", "8"], "add eagle to --modes"),
+    (["bench", *TARGET, "--modes", "vanilla", "--eagle-tree", "[[0]]"], "add eagle to --modes"),
+    (["bench", *TARGET, "--modes", "vanilla,eagle", "--eagle-model", "{tmp}/model", "--eagle-tree", "[[0]]",
+      "--eagle-nodes", "4"], "drop --eagle-nodes"),
+    (["bench", *TARGET, "--modes", "vanilla,eagle", "--eagle-model", "{tmp}/model", "--eagle-tree", "{tmp}/no.json"],
+     "train-eagle writes tree.json"),
     (["bench", "--synthetic", "tiny:tiny", "--device", "warp-drive"], "--device warp-drive"),
 ])
 def test_bench_checks_before_any_model_loads(argv, expected, saved, capsys, monkeypatch):

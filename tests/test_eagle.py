@@ -259,6 +259,11 @@ def test_the_bench_runs_the_eagle_mode(target, fitted):
                      max_new_tokens=8, progress=False, print_fn=lambda line: None)
     overall = {r["mode"]: r for r in rows if r["category"] == "all"}
     assert overall["eagle"]["equal_to_vanilla"] == 1.0 and overall["eagle"]["tokens_per_step"] > 1
+    rows = run_bench(Contenders(target, eagle_model=fitted["eagle3"], eagle_tree=[[0], [0, 0], [1]]), char_tokenizer(),
+                     prompts=load_prompts(per_category=1, limit=2), modes=["vanilla", "eagle"], ks=[3],
+                     max_new_tokens=8, progress=False, print_fn=lambda line: None)
+    overall = {r["mode"]: r for r in rows if r["category"] == "all"}
+    assert overall["eagle"]["equal_to_vanilla"] == 1.0 and max(overall["eagle"]["k_histogram"]) == 3  # its 3 nodes
 
 
 def test_auto_node_count_is_exact_and_speculates(target, fitted, prompt):

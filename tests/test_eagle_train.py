@@ -1,6 +1,7 @@
 """Training EAGLE-3 drafts: the unrolled forward against inference, learning, the vocabulary, saving, exporting,
 resuming, the evaluation, and the recipe end to end."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,3 +205,46 @@ def test_train_eagle_end_to_end(tokenizer, tmp_path):
         tree = [tuple(p) for p in json.loads((out / "tree.json").read_text())]
         assert torch.equal(model.generate(**prompt, max_new_tokens=10, do_sample=False, strategy="eagle",
                                           eagle_model=str(out), tree=tree), expected)
+
+
+SPECULATORS_EXPORT = Path(__file__).parent / "data" / "speculators-export"
+VERIFIER = "tests/data/speculators-verifier"  # from the repository's root, where tox runs
+
+
+def write_tiny_speculators_export(folder: Path, verifier: Path | None = None) -> None:
+    """A tiny EAGLE-3 draft (its own vocabulary of 17 ids), exported in vLLM's speculators layout; with
+    ``verifier``, its target saved there too (speculators loads the verifier's embedding and norms)."""
+    target = tiny_causal_lm("llama", seed=5, vocab_size=VOCAB, hidden_size=32, num_layers=8)
+    target.name_or_path = VERIFIER
+    if verifier is not None:
+        target.save_pretrained(verifier)
+    torch.manual_seed(7)
+    draft = new_eagle_draft(target, TokenMap.of(range(3, 20), VOCAB))
+    save_eagle_draft(draft, folder, layout="speculators", target=target)
+
+
+def test_the_export_tox_validates_with_speculators_is_what_the_exporter_writes_today(tmp_path):
+    # tox -e speculators loads tests/data/speculators-export with vLLM's speculators package (in an environment of
+    # its own, so not in this suite); this keeps that folder what export-eagle writes now
+    write_tiny_speculators_export(tmp_path)
+    assert (SPECULATORS_EXPORT / "config.json").is_file(), "run: python tests/test_eagle_train.py"
+    assert json.loads((tmp_path / "config.json").read_text()) == json.loads((SPECULATORS_EXPORT / "config.json").read_text())
+    from safetensors.torch import load_file
+    ours, kept = load_file(str(tmp_path / "model.safetensors")), load_file(str(SPECULATORS_EXPORT / "model.safetensors"))
+    assert ours.keys() == kept.keys() and all(torch.equal(ours[k], kept[k]) for k in ours)
+
+
+def test_the_speculators_package_reads_the_export(tmp_path, monkeypatch):
+    pytest.importorskip("speculators", reason="vLLM's speculators pins its own transformers and pulls torchvision: "
+                                              "tox -e speculators validates tests/data/speculators-export alone")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("validate", Path(__file__).parents[1] / "tools" / "validate_speculators.py")
+    validator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(validator)
+    write_tiny_speculators_export(tmp_path)
+    monkeypatch.chdir(Path(__file__).parents[1])  # the validator changes directory to the repository's root
+    validator.validate(tmp_path)
+
+
+if __name__ == "__main__":  # rewrite the export tox -e speculators validates, and its verifier
+    write_tiny_speculators_export(SPECULATORS_EXPORT, SPECULATORS_EXPORT.parent / "speculators-verifier")

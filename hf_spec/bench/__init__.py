@@ -85,7 +85,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         settings = dict(modes=names, ks=ks, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
                         repeats=repeats, do_sample=do_sample, temperature=temperature, warmup=warmup,
                         prompts=[p.question_id for p in prompts], draft_vocab_size=contenders.draft_vocab_size,
-                        draft_quantization=contenders.draft_quantization)
+                        draft_quantization=contenders.draft_quantization, eagle_tree=contenders.eagle_tree)
         write_json(json_path, rows, runs, costs, settings)
     if plot_path:
         plot(plot_path, rows)
@@ -99,35 +99,36 @@ def items(value, convert=str) -> list:
     return [convert(item) for item in value]
 
 
-def read_tree(tree):
-    """``--tree``: None, a name, "auto", a JSON list of paths, or a .json file of one -> what Contenders takes
-    (a name, "auto" or a list of paths), checked (ValueError with what is wrong; FileNotFoundError)."""
+def read_tree(tree, option: str = "--tree", trainer: str = "train-medusa"):
+    """``--tree`` (``--eagle-tree``): None, a name, "auto", a JSON list of paths, or a .json file of one -> what
+    Contenders takes (a name, "auto" or a list of paths), checked (ValueError with what is wrong; FileNotFoundError).
+    ``trainer``: the command that writes such a tree.json, for the message when the file is missing."""
     if tree is None or tree == "auto":
         return tree
     if not isinstance(tree, str):
         paths = tree
     elif tree.startswith("[") or tree.endswith(".json"):  # a list of paths, inline or in a file
         if tree.endswith(".json") and not Path(tree).is_file():
-            raise FileNotFoundError(f"--tree {tree}: no such file (train-medusa writes tree.json next to the heads).")
+            raise FileNotFoundError(f"{option} {tree}: no such file ({trainer} writes tree.json next to what it trains).")
         text = Path(tree).read_text() if tree.endswith(".json") else tree
         try:
             paths = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(f"--tree {tree}: not a JSON list of paths ({error}).") from error
+            raise ValueError(f"{option} {tree}: not a JSON list of paths ({error}).") from error
     else:
         try:
             resolve_tree(tree)  # a name: known?
         except ValueError as error:
-            raise ValueError(f"--tree {tree}: {error}") from error
+            raise ValueError(f"{option} {tree}: {error}") from error
         return tree
     try:
         if not isinstance(paths, list):
             raise TypeError
         resolve_tree([list(path) for path in paths])
     except ValueError as error:
-        raise ValueError(f"--tree {tree}: {error}") from error
+        raise ValueError(f"{option} {tree}: {error}") from error
     except TypeError as error:
-        raise ValueError(f"--tree {tree}: a tree is a list of paths of ranks, such as [[0], [0, 0], [1]].") from error
+        raise ValueError(f"{option} {tree}: a tree is a list of paths of ranks, such as [[0], [0, 0], [1]].") from error
     return paths
 
 
@@ -200,6 +201,11 @@ def check_args(args) -> None:
         raise ValueError("the eagle mode needs an EAGLE draft: pass --eagle-model.")
     if args.eagle_nodes and "eagle" not in modes:
         raise ValueError("--eagle-nodes sets the eagle mode's tree size: add eagle to --modes.")
+    if args.eagle_tree and "eagle" not in modes:
+        raise ValueError("--eagle-tree sets the eagle mode's static tree: add eagle to --modes.")
+    if args.eagle_tree and args.eagle_nodes:
+        raise ValueError("--eagle-tree sets the nodes verified per step itself: drop --eagle-nodes.")
+    read_tree(args.eagle_tree, "--eagle-tree", "train-eagle")
     if args.draft_quantization and not args.draft:
         raise ValueError("--draft-quantization needs --draft.")
     if args.quantized_draft_only and not args.draft_quantization:
@@ -229,7 +235,7 @@ def main(args) -> int:
         quantized = resolve_draft(args.draft, target, draft_quantization=args.draft_quantization)
     eagle = load_eagle_draft(args.eagle_model, target=target) if args.eagle_model else None
     contenders = Contenders(target, draft, heads, tree, quantized, args.draft_quantization, args.draft_vocab_size,
-                            eagle, args.eagle_nodes or "auto")
+                            eagle, args.eagle_nodes or "auto", read_tree(args.eagle_tree, "--eagle-tree") or "dynamic")
     if args.quantized_draft_only:  # every draft mode, and the calibration, with the quantized draft
         contenders.draft, contenders.quantized_draft, contenders.quantization = quantized, None, None
         contenders.draft_quantization = args.draft_quantization

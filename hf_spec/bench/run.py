@@ -31,6 +31,7 @@ class Contenders:
     draft_vocab_size: int | None = None  # the draft strategy's draft_vocab_size (rows draft@k, stepwise, auto)
     eagle_model: object = None  # an EagleDraft (row eagle)
     eagle_nodes: int | str = "auto"  # the eagle row's num_speculative_tokens
+    eagle_tree: object = "dynamic"  # the eagle row's tree: "dynamic" or a static tree's paths (train-eagle's tree.json)
     draft_quantization: str | None = None  # how ``draft`` itself was quantized (recorded in the JSON)
 
 
@@ -100,7 +101,7 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     elif mode == "medusa":
         kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
     elif mode == "eagle":
-        kwargs.update(strategy="eagle", eagle_model=contenders.eagle_model,
+        kwargs.update(strategy="eagle", eagle_model=contenders.eagle_model, tree=contenders.eagle_tree,
                       num_speculative_tokens=contenders.eagle_nodes)
     elif mode in ("auto", "stepwise"):
         kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=mode,

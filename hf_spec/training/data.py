@@ -141,6 +141,18 @@ def _read_shard(path: Path) -> list[Continuation]:
             for c in torch.load(path, map_location="cpu", weights_only=True)]
 
 
+def frozen_model(model, tokenizer, dtype: torch.dtype = torch.float32):
+    """The model a trainer distils (loaded in ``dtype`` when a Hub id or path), frozen, and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(model, (str, Path)):
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
+        model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
+    if tokenizer is None:
+        raise ValueError("Pass the model's tokenizer (tokenizer=) when the model is an object.")
+    return model.eval().requires_grad_(False), tokenizer
+
+
 class SelfDistillation:
     """The prompts split by question id (``eval_questions.jsonl`` in ``folder``: the held-out rows, for the bench)
     and each split's continuations by ``model``, with the hidden states of ``layers`` at ``positions`` in
@@ -162,7 +174,7 @@ class SelfDistillation:
         train, held_out = split_train_eval(load_prompts(prompts_path), eval_every)
         write_prompts(held_out, prompts_path, self.folder / "eval_questions.jsonl")  # all of them, for the bench
         if limit:
-            train, held_out = _spread(train, limit), _spread(held_out, max(limit // 4, 1))
+            train, held_out = spread(train, limit), spread(held_out, max(limit // 4, 1))
         self.prompts = {"train": train, "eval": held_out}
         print_fn(f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0)")
         self.settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype),
@@ -200,7 +212,7 @@ def _shard_folder(folder: Path, sample: int) -> Path:
     return path
 
 
-def _spread(items: list, count: int) -> list:
+def spread(items: list, count: int) -> list:
     """``count`` items taken evenly over ``items`` (all of them if there are no more)."""
     if count >= len(items):
         return items

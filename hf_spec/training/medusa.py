@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ..medusa.heads import MedusaHeads
 from ..medusa.loading import load_medusa_heads
-from .data import IGNORE, HiddenStates, SelfDistillation
+from .data import IGNORE, HiddenStates, SelfDistillation, frozen_model
 from .medusa_evaluation import evaluate_heads
 from .optimization import epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint
 
@@ -240,7 +240,7 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
         raise ValueError(f"samples_per_prompt must be >= 1; got {samples_per_prompt}.")
     if samples_per_prompt > 1 and not temperature > 0:
         raise ValueError(f"The extra continuations are sampled: temperature must be > 0; got {temperature}.")
-    model, tokenizer = _frozen_base(model, tokenizer, dtype)
+    model, tokenizer = frozen_model(model, tokenizer, dtype)
     recipe = _Recipe(model, tokenizer, Path(output_dir), prompts_path, eval_every, limit, max_new_tokens,
                      generation_batch_size, config.num_heads, progress, print_fn)
     train = recipe.hidden_states("train", do_sample, samples_per_prompt, temperature, config.seed)
@@ -265,7 +265,7 @@ def evaluate_medusa(heads, model, output_dir: str | Path | None = None, tokenize
     prompts, as ``train_medusa`` does at its end: writes ``evaluation.json`` and ``tree.json`` to
     ``output_dir`` (default: the heads' folder) and returns the ``Evaluation``. The held-out cache is shared
     with ``train_medusa`` runs of the same settings. ``dtype``: as for ``train_medusa``."""
-    model, tokenizer = _frozen_base(model, tokenizer, dtype)
+    model, tokenizer = frozen_model(model, tokenizer, dtype)
     if not isinstance(heads, MedusaHeads):
         output_dir = output_dir or heads
         heads = load_medusa_heads(heads, base_model=model)
@@ -274,17 +274,6 @@ def evaluate_medusa(heads, model, output_dir: str | Path | None = None, tokenize
     recipe = _Recipe(model, tokenizer, Path(output_dir), prompts_path, eval_every, limit, max_new_tokens,
                      generation_batch_size, heads.num_heads, progress, print_fn)
     return recipe.evaluate(heads, recipe.hidden_states("eval", do_sample=False))
-
-
-def _frozen_base(model, tokenizer, dtype: torch.dtype = torch.float32):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if isinstance(model, (str, Path)):
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
-        model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
-    if tokenizer is None:
-        raise ValueError("Pass the model's tokenizer (tokenizer=) when the model is an object.")
-    return model.eval().requires_grad_(False), tokenizer
 
 
 class _Recipe:
