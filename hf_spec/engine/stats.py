@@ -14,6 +14,10 @@ Glossary (used the same way in names, the README and the tests):
 and everything else (the loop's own overhead). For a batch, ``rows`` holds each row's statistics and the
 counts are their sums: a step is then one row's step, so the rates read per row; ``k_per_step`` has one
 entry per verification pass of the batch.
+
+The same counts also read under the names of vLLM's ``SpecDecodingStats``, for dashboards built on those:
+``num_drafts`` (steps that proposed at least one token), ``num_draft_tokens``, ``num_accepted_tokens``,
+``num_accepted_tokens_per_pos`` and ``mean_acceptance_length = 1 + num_accepted_tokens / num_drafts``.
 """
 from __future__ import annotations
 
@@ -80,6 +84,33 @@ class SpecStats:
         decode_s = self.total_s - self.prefill_s
         return self.new_tokens / decode_s if decode_s > 0 else 0.0
 
+    @property
+    def num_drafts(self) -> int:
+        """Steps that proposed at least one token (vLLM's drafts): a step with nothing proposed is plain decoding.
+        Each such step counts once at the first position, so this is ``proposed_by_position[0]``, rows summed."""
+        return self.proposed_by_position[0] if self.proposed_by_position else 0
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """vLLM's name for ``proposed``."""
+        return self.proposed
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        """vLLM's name for ``accepted``."""
+        return self.accepted
+
+    @property
+    def num_accepted_tokens_per_pos(self) -> list[int]:
+        """vLLM's name for ``accepted_by_position`` (a copy): accepted proposals at each position."""
+        return list(self.accepted_by_position)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per draft, the bonus included: 1 + accepted / drafts; 1.0 without drafts, as vLLM reports it.
+        Unlike ``tokens_per_step``, steps that proposed nothing do not pull it down."""
+        return 1 + self.accepted / self.num_drafts if self.num_drafts else 1.0
+
     def record_step(self, num_proposed: int, num_accepted: int, size: int | None = None) -> None:
         """Count one verification step whose proposal of ``num_proposed`` (a tree: the depth of the chosen path)
         kept ``num_accepted``; ``size``: the number of tokens proposed, when that differs (a tree's nodes)."""
@@ -115,7 +146,9 @@ class SpecStats:
         derived = {
             name: getattr(self, name)
             for name in ("acceptance_rate", "tokens_per_step", "acceptance_by_position", "overhead_s",
-                         "overhead_share", "tokens_per_second", "decode_tokens_per_second")
+                         "overhead_share", "tokens_per_second", "decode_tokens_per_second", "num_drafts",
+                         "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos",
+                         "mean_acceptance_length")
         }
         return {**asdict(self), **derived, "k_histogram": self.k_histogram}
 
