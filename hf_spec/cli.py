@@ -272,10 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--generation-batch-size", type=positive_int, default=8)
     evaluate.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
 
-    export = commands.add_parser("export-medusa", help="shared-lm_head heads -> the upstream Medusa-1 layout")
+    export = commands.add_parser("export-medusa", help="Medusa heads (any layout hf-spec reads) -> the upstream "
+                                                        "Medusa-1 layout or vLLM's")
     export.add_argument("--heads", required=True)
-    export.add_argument("--model", required=True, help="the base model whose lm_head the heads share")
+    export.add_argument("--model", required=True, help="the heads' base model (its lm_head, for heads that share it)")
     export.add_argument("--output", required=True)
+    export.add_argument("--format", default="upstream", choices=["upstream", "vllm"],
+                        help="upstream: Medusa-1 (medusa_lm_head.safetensors and .pt); vllm: vLLM's model_type "
+                             "'medusa' (config.json + model.safetensors)")
 
     eagle = commands.add_parser("train-eagle", help="train an EAGLE-3 draft for a frozen model by self-distillation")
     eagle.add_argument("--model", required=True, help="the target (Hub id or path)")
@@ -486,8 +490,12 @@ def run(args: argparse.Namespace) -> int:
         from .medusa import load_medusa_heads
 
         model = AutoModelForCausalLM.from_pretrained(args.model)
-        load_medusa_heads(args.heads, base_model=model).with_own_lm_heads().save_pretrained(args.output)
-        print(f"wrote the upstream Medusa-1 layout to {args.output}")
+        heads = load_medusa_heads(args.heads, base_model=model)
+        if args.format == "vllm":
+            heads.save_vllm(args.output)
+        else:
+            heads.with_own_lm_heads().save_pretrained(args.output)
+        print(f"wrote the {'vLLM' if args.format == 'vllm' else 'upstream Medusa-1'} layout to {args.output}")
         return 0
     if args.command == "train-eagle":
         import torch

@@ -12,6 +12,12 @@ The shared layout (``shared_lm_head=True``, cheap to train on a CPU) leaves out 
 reuses the base model's ``lm_head`` instead: the state dict holds the ResBlocks only and ``config.json`` says
 ``"medusa_shared_lm_head": true``; ``with_own_lm_heads()`` copies the base lm_head into every head, giving the
 upstream layout that upstream tools load.
+
+vLLM's layout (``save_vllm``) holds the same weights under other names: ``config.json`` with ``model_type:
+"medusa"``, ``num_heads``, ``num_hidden_layers``, ``hidden_size``, ``vocab_size``, ``truncated_vocab_size`` and
+``medusa_fc_bias``, and ``model.safetensors`` with ``blocks.{i}.layers.{j}.weight|bias``, ``lm_heads.{i}.weight``
+and, for a truncated vocabulary, ``token_map`` (the target id of each output row). Heads with a ``token_map``
+score only those ids (-inf elsewhere), so only vLLM's layout can hold them.
 """
 from __future__ import annotations
 
@@ -24,9 +30,25 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..token_map import TokenMap
+
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "medusa_lm_head.safetensors"
 PT_NAME = "medusa_lm_head.pt"
+VLLM_MODEL_TYPE = "medusa"  # config.json's model_type in vLLM's layout
+VLLM_SAFETENSORS_NAME = "model.safetensors"
+
+
+def check_token_map(token_map: TokenMap | None, vocab_size: int, shared_lm_head: bool) -> None:
+    """A truncated vocabulary belongs to heads with their own output layers, over the heads' whole vocabulary."""
+    if token_map is None:
+        return
+    if shared_lm_head:
+        raise ValueError("Heads that share the base model's lm_head score its whole vocabulary: a token_map needs "
+                         "heads with their own output layers (shared_lm_head=False).")
+    if token_map.target_vocab_size != vocab_size:
+        raise ValueError(f"The token map is over a vocabulary of {token_map.target_vocab_size}; the heads' is "
+                         f"{vocab_size}.")
 
 
 def check_fits(hidden_size: int, vocab_size: int, base_model) -> None:
@@ -50,20 +72,28 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """``num_heads`` heads of ``num_layers`` ResBlocks each, on a base model with ``hidden_size`` and ``vocab_size``."""
+    """``num_heads`` heads of ``num_layers`` ResBlocks each, on a base model with ``hidden_size`` and ``vocab_size``.
+
+    ``token_map``: each head's output layer scores only these target ids (vLLM's truncated vocabulary); the heads
+    still return scores over the whole vocabulary, -inf outside the map, so they score the ids they keep as full
+    output layers with the same rows do (to float rounding: a matmul of fewer rows may round the last bit)."""
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 5, num_layers: int = 1,
-                 base_model_name_or_path: str | None = None, shared_lm_head: bool = False):
+                 base_model_name_or_path: str | None = None, shared_lm_head: bool = False,
+                 token_map: TokenMap | None = None):
         super().__init__()
+        check_token_map(token_map, vocab_size, shared_lm_head)
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.num_heads, self.num_layers = num_heads, num_layers
         self.base_model_name_or_path = base_model_name_or_path
         self.shared_lm_head = shared_lm_head
+        self.token_map = token_map
         self.name_or_path: str | None = None  # where the weights were loaded from, if they were
         self._base_lm_head: list[nn.Module] = []  # shared layout: the base model's lm_head (not in the state dict)
+        output_size = vocab_size if token_map is None else token_map.size
         self.heads = nn.ModuleList(
             nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)],
-                          *([] if shared_lm_head else [nn.Linear(hidden_size, vocab_size, bias=False)]))
+                          *([] if shared_lm_head else [nn.Linear(hidden_size, output_size, bias=False)]))
             for _ in range(num_heads)
         )
 
@@ -90,6 +120,8 @@ class MedusaHeads(nn.Module):
     def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """hidden: [..., hidden_size] -> logits [num_heads, ..., vocab_size] (the first ``num_heads`` only)."""
         out = torch.stack([head(hidden) for head in self.heads[:num_heads]])
+        if self.token_map is not None:
+            return self.token_map.to_full(out)
         if not self.shared_lm_head:
             return out
         if not self._base_lm_head:
@@ -140,6 +172,10 @@ class MedusaHeads(nn.Module):
 
     def save_pretrained(self, save_directory: str | os.PathLike, write_pt: bool = True) -> None:
         """Write the Medusa-1 layout; ``write_pt`` adds the ``.pt`` file upstream's loader reads."""
+        if self.token_map is not None:
+            raise ValueError(f"These heads score a truncated vocabulary ({self.token_map.size} of {self.vocab_size} "
+                             "ids, a token_map): the upstream Medusa-1 layout cannot hold one. Save them in vLLM's "
+                             "layout (heads.save_vllm(folder); hf-spec export-medusa --format vllm).")
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / CONFIG_NAME).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
@@ -147,6 +183,41 @@ class MedusaHeads(nn.Module):
         save_file(state, str(directory / SAFETENSORS_NAME), metadata={"format": "pt"})
         if write_pt:
             torch.save(state, directory / PT_NAME)
+
+    def vllm_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict under vLLM's names (``blocks.{i}.layers.{j}.weight|bias``, ``lm_heads.{i}.weight``, and
+        ``token_map`` for a truncated vocabulary). vLLM's layout keeps the output layers in the file, so heads on
+        the base model's lm_head need ``with_own_lm_heads`` first."""
+        if self.shared_lm_head:
+            raise ValueError("vLLM's Medusa layout keeps every head's output layer in the file: call "
+                             "heads.with_own_lm_heads() first (save_vllm does).")
+        state = {}
+        for i, head in enumerate(self.heads):
+            for j in range(self.num_layers):
+                state[f"blocks.{i}.layers.{j}.weight"] = head[j].linear.weight
+                state[f"blocks.{i}.layers.{j}.bias"] = head[j].linear.bias
+            state[f"lm_heads.{i}.weight"] = head[self.num_layers].weight
+        if self.token_map is not None:
+            state["token_map"] = self.token_map.target_ids
+        return {key: value.detach().contiguous().cpu() for key, value in state.items()}
+
+    def vllm_config_dict(self) -> dict:
+        """vLLM's Medusa config: ``medusa_fc_bias`` is true because every ResBlock's Linear has a bias."""
+        return {"model_type": VLLM_MODEL_TYPE, "architectures": ["MedusaModel"],
+                "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
+                "num_heads": self.num_heads, "num_hidden_layers": self.num_layers,
+                "truncated_vocab_size": self.vocab_size if self.token_map is None else self.token_map.size,
+                "medusa_fc_bias": True, "base_model_name_or_path": self.base_model_name_or_path}
+
+    def save_vllm(self, save_directory: str | os.PathLike) -> None:
+        """Write vLLM's Medusa layout (``config.json`` + ``model.safetensors``), which vLLM serves with
+        ``speculative_config={"method": "medusa", "model": folder}``; shared-lm_head heads get copies of the base
+        lm_head first, as for the upstream layout."""
+        heads = self.with_own_lm_heads()
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CONFIG_NAME).write_text(json.dumps(heads.vllm_config_dict(), indent=2) + "\n")
+        save_file(heads.vllm_state_dict(), str(directory / VLLM_SAFETENSORS_NAME), metadata={"format": "pt"})
 
     def push_to_hub(self, repo_id: str, token=None, private: bool | None = None, revision: str | None = None,
                     commit_message: str = "Upload Medusa heads") -> str:
