@@ -42,6 +42,7 @@ STRATEGIES = {
                       {"assistant_model": "draft_model", "assistant_tokenizer": "draft_tokenizer"}),
     "medusa": Strategy("medusa", "hf_spec.medusa.generate:generate"),
     "eagle": Strategy("eagle", "hf_spec.eagle.generate:generate"),
+    "prompt_lookup": Strategy("prompt_lookup", "hf_spec.lookup.generate:generate"),
 }
 
 _original_generate = None

@@ -26,7 +26,9 @@ calls (``cache_costs=False`` starts afresh).
 
 ``AutoTree`` (Medusa's ``tree="auto"``) picks the prefix size of a nested tree family the same way, from the
 heads' measured accuracy; ``AutoDynamicTree`` (EAGLE's default) picks how many of a dynamic tree's best nodes to
-verify, from the draft's own probabilities corrected by what verification kept (``TreeConfidence``).
+verify, from the draft's own probabilities corrected by what verification kept (``TreeConfidence``);
+``AutoLookup`` (prompt lookup's default) how many nodes of the lookup's trie to verify, from the acceptance by
+position that lookup proposals have realised (``PositionSurvival``).
 """
 from __future__ import annotations
 
@@ -337,3 +339,68 @@ class AutoDynamicTree(AutoTree):
         super().observe(k, accepted, propose_s, verify_s, confidence)
         if k > 0:
             self.confidence.observe_accepted(accepted)
+
+
+class PositionSurvival:
+    """How many tokens a step proposing n tokens should bring, from the acceptance by position realised so far:
+    a_i = P(proposal i is accepted | the i - 1 before it were, and it was proposed), pseudo-counts with a prior of
+    ``prior`` over ``prior_weight`` steps, fading after ``memory`` observations; E(n) = 1 + s_1 + ... + s_n with
+    s_i = a_1 ... a_i. For a tree whose first nodes are its best chain (prompt lookup's trie), position i is
+    accepted when the accepted path is at least i deep."""
+
+    def __init__(self, prior: float = 0.5, prior_weight: float = 2.0, memory: float = 200.0):
+        self.prior, self.prior_weight, self.memory = prior, prior_weight, memory
+        self.accepted: list[float] = []
+        self.seen: list[float] = []
+
+    def _grow(self, positions: int) -> None:
+        while len(self.seen) < positions:
+            self.accepted.append(self.prior * self.prior_weight)
+            self.seen.append(self.prior_weight)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """One row's step: ``proposed`` tokens (or nodes), ``accepted`` of them along the path it kept."""
+        judged = min(proposed, accepted + 1)  # positions 1..accepted + 1 were judged
+        self._grow(judged)
+        for i in range(judged):
+            if self.seen[i] >= self.memory:
+                fade = (self.memory - 1) / self.seen[i]
+                self.accepted[i] *= fade
+                self.seen[i] *= fade
+            self.accepted[i] += float(i < accepted)
+            self.seen[i] += 1.0
+
+    def expected(self, max_positions: int) -> list[float]:
+        """E(n) for n = 0 .. max_positions."""
+        self._grow(max_positions)
+        expected, survival = [1.0], 1.0
+        for i in range(max_positions):
+            survival *= self.accepted[i] / self.seen[i]
+            expected.append(expected[-1] + survival)
+        return expected
+
+
+class AutoLookup(AutoTree):
+    """``num_speculative_tokens="auto"`` for prompt lookup: each step offers the n of the lookup trie's nodes (0 =
+    plain decoding) that maximise E(n) / (H + V(n + 1)) (``PositionSurvival``; H the lookup's measured time, V the
+    target's verify cost by width). Steps with no match propose nothing whatever n is, so E is learned on steps
+    that had one. As ``AutoTree``: plain decoding first measures V(1), then the largest size (``max_nodes``) until
+    a step has proposed; while plain decoding wins, probe steps keep the estimate current."""
+
+    def __init__(self, costs: Costs, survival: PositionSurvival, max_nodes: int = 20, probe_every: int = 8,
+                 max_probe_every: int = 128):
+        super().__init__(costs, None, [], probe_every, max_probe_every)
+        self.survival, self.max_nodes = survival, max_nodes
+
+    def expected(self) -> list[float]:
+        return self.survival.expected(self.max_nodes)
+
+    @property
+    def largest(self) -> int:
+        return self.max_nodes
+
+    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
+                confidence: list[list[float]]) -> None:
+        super().observe(k, accepted, propose_s, verify_s, confidence)
+        for row_accepted in accepted if k > 0 else ():
+            self.survival.observe(k, row_accepted)

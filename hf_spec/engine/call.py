@@ -35,8 +35,10 @@ class DecodingCall:
     @classmethod
     def of(cls, strategy: str, model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
            stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *, token_streamer=None,
-           stop_strings=None, target_tokenizer=None, **model_kwargs) -> "DecodingCall":
-        check_supported(model, input_ids, generation_config, strategy, model_kwargs)
+           stop_strings=None, target_tokenizer=None, own_options: tuple[str, ...] = (),
+           **model_kwargs) -> "DecodingCall":
+        """``own_options``: generation options the strategy itself reads (e.g. prompt lookup's), not checked."""
+        check_supported(model, input_ids, generation_config, strategy, model_kwargs, own_options)
         if token_streamer is not None and input_ids.shape[0] > 1:
             raise ValueError("Streamers take one row: stream a batch of 1, or drop streamer= for batches.")
         stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, target_tokenizer)
@@ -53,12 +55,12 @@ class DecodingCall:
 
 
 def check_supported(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, strategy: str,
-                    model_kwargs: dict | None = None) -> None:
+                    model_kwargs: dict | None = None, own_options: tuple[str, ...] = ()) -> None:
     """Refuse what the loop cannot do losslessly, with what to do instead; warn about what it ignores."""
     if model.config.is_encoder_decoder:
         raise ValueError(f"strategy={strategy!r} supports decoder-only models; {type(model).__name__} is an "
                          "encoder-decoder model. Generate without `strategy`.")
-    check_options(generation_config, model_kwargs or {}, strategy)
+    check_options(generation_config, model_kwargs or {}, strategy, own_options)
 
 
 def with_stop_strings(stopping_criteria: StoppingCriteriaList, stop_strings, tokenizer) -> StoppingCriteriaList:

@@ -9,13 +9,15 @@ from .costs import Costs
 
 @dataclass
 class PairMemory:
-    """What "auto" keeps for one (target, draft or Medusa heads) pair on one device and dtype, across calls."""
+    """What "auto" keeps for one (target, draft, Medusa heads, EAGLE draft or prompt lookup) pair on one device and
+    dtype, across calls."""
 
     costs: Costs = field(default_factory=Costs)
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
+    lookup_survival: object = None  # prompt lookup: a hf_spec.engine.auto.PositionSurvival
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
@@ -29,6 +31,8 @@ _MEMORY: dict[tuple, PairMemory] = {}
 
 
 def _model_key(model) -> tuple:
+    if isinstance(model, str):  # a proposer without weights (prompt lookup)
+        return (model,)
     config = getattr(model, "config", None)
     if config is None:  # Medusa heads
         return (getattr(model, "name_or_path", None) or id(model), str(next(model.parameters()).device))
@@ -37,7 +41,8 @@ def _model_key(model) -> tuple:
 
 
 def pair_memory(target, draft, cache_costs: bool = True) -> PairMemory:
-    """The memory kept for this (target, draft) pair on this device and dtype, or a fresh one."""
+    """The memory kept for this (target, draft) pair on this device and dtype, or a fresh one. ``draft``: a model,
+    Medusa heads, or a name for a proposer without weights (e.g. "prompt_lookup")."""
     if not cache_costs:
         return PairMemory()
     return _MEMORY.setdefault((_model_key(target), _model_key(draft)), PairMemory())

@@ -86,12 +86,13 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else f"<{type(value).__name__}>"
 
 
-def check_options(generation_config, model_kwargs: dict, strategy: str) -> None:
+def check_options(generation_config, model_kwargs: dict, strategy: str, own_options: tuple[str, ...] = ()) -> None:
     """Refuse or warn about the options of a prepared ``generate()`` call, per ``OPTIONS``: the fields of
     ``generation_config`` and the keywords left among ``model_kwargs``. Any other model keyword (e.g.
-    ``token_type_ids``, ``pixel_values``) is refused: the loop would drop it."""
+    ``token_type_ids``, ``pixel_values``) is refused: the loop would drop it. ``own_options``: options the
+    strategy reads itself (prompt lookup's), not checked."""
     for name, (status, reason) in OPTIONS.items():
-        if status == SUPPORTED or name in _SEEN_BY_THE_SEAM_ONLY:
+        if status == SUPPORTED or name in _SEEN_BY_THE_SEAM_ONLY or name in own_options:
             continue
         if hasattr(generation_config, name):
             value = getattr(generation_config, name)

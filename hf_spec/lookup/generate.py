@@ -1,0 +1,71 @@
+"""The prompt lookup strategy's ``custom_generate`` callable; ``strategy="prompt_lookup"`` maps onto it."""
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+from ..engine.auto import AutoLookup, PositionSurvival
+from ..engine.call import DecodingCall
+from ..engine.loop import speculative_generate
+from ..engine.memory import pair_memory
+from ..engine.schedule import FixedLength, Schedule
+from ..verify import Acceptance, get_verifier
+from .proposer import PromptLookupProposer
+
+# transformers' GenerationConfig fields for prompt lookup, and their defaults there
+LOOKUP_OPTIONS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
+DEFAULT_NUM_TOKENS, DEFAULT_MAX_NGRAM = 10, 2
+AUTO_NODES_PER_TOKEN = 2  # "auto" offers up to this many nodes per lookup token (the best chain and branches)
+
+
+def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
+             stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
+             num_speculative_tokens: int | str = "auto", cache_costs: bool = True, tree_verifier: str = "auto",
+             token_streamer=None, stop_strings=None, target_tokenizer=None, **model_kwargs):
+    """Prompt lookup decoding for ``model.generate(custom_generate=...)``: no draft model; the continuations of
+    earlier occurrences of the last tokens (in the prompt and the text generated so far) are proposed as one
+    tree per row and verified in one pass (``hf_spec.lookup.proposer``).
+
+    prompt_lookup_num_tokens (generate()'s keyword / GenerationConfig field, default 10): how deep a
+    continuation goes; max_matching_ngram_size (default 2): the longest n-gram matched.
+    num_speculative_tokens: the tree's nodes per step, an int >= 1 or "auto" (default: the number that measured
+    verify costs and the acceptance lookup has realised say is fastest, 0 = a plain step; ``AutoLookup``;
+    ``cache_costs=False`` forgets what earlier calls measured). tree_verifier: "auto", "triton" or "torch", as
+    for Medusa. token_streamer, target_tokenizer: what generate() calls streamer and tokenizer.
+    """
+    call = DecodingCall.of("prompt_lookup", model, input_ids, logits_processor, stopping_criteria,
+                           generation_config, token_streamer=token_streamer, stop_strings=stop_strings,
+                           target_tokenizer=target_tokenizer, own_options=LOOKUP_OPTIONS, **model_kwargs)
+    num_tokens, max_ngram = lookup_settings(generation_config)
+    verifier = get_verifier(tree_verifier, model.device)
+    proposer = PromptLookupProposer(call.padding_mask, call.batch_size, num_tokens, max_ngram)
+    schedule = lookup_schedule(num_speculative_tokens, model, "prompt_lookup", num_tokens, cache_costs)
+    return speculative_generate(call, proposer, schedule, Acceptance(call.do_sample, tree_rules=verifier),
+                                verifier)
+
+
+def lookup_settings(generation_config: GenerationConfig) -> tuple[int, int]:
+    """(prompt_lookup_num_tokens, max_matching_ngram_size) from the generation config, transformers' defaults
+    where unset, checked."""
+    num_tokens = getattr(generation_config, "prompt_lookup_num_tokens", None) or DEFAULT_NUM_TOKENS
+    max_ngram = getattr(generation_config, "max_matching_ngram_size", None) or DEFAULT_MAX_NGRAM
+    for name, value in zip(LOOKUP_OPTIONS, (num_tokens, max_ngram)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {value!r}.")
+    return num_tokens, max_ngram
+
+
+def lookup_schedule(num_speculative_tokens, target, memory_key, num_tokens: int,
+                    cache_costs: bool = True) -> Schedule:
+    """Nodes per step: a fixed int, or "auto" (``AutoLookup``, its estimates kept for (target, ``memory_key``)
+    across calls unless ``cache_costs=False``)."""
+    if num_speculative_tokens == "auto":
+        memory = pair_memory(target, memory_key, cache_costs)
+        if memory.lookup_survival is None:
+            memory.lookup_survival = PositionSurvival()
+        return AutoLookup(memory.costs, memory.lookup_survival, max_nodes=AUTO_NODES_PER_TOKEN * num_tokens)
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
+            or num_speculative_tokens < 1:
+        raise ValueError("num_speculative_tokens for prompt lookup is the tree's nodes per step: an int >= 1 or "
+                         f"'auto'; got {num_speculative_tokens!r}.")
+    return FixedLength(num_speculative_tokens)

@@ -1,0 +1,179 @@
+"""strategy="prompt_lookup" (and a draft with prompt_lookup=True): the matches and their trie from literal
+sequences, greedy output equal to plain generate() for chains, trees and left-padded batches, the target's
+sampling distribution (chi-square, as tests/test_sampling_distribution.py), the options, "auto"'s choice."""
+import dataclasses
+import importlib
+
+import pytest
+import torch
+from test_sampling_distribution import ALPHA, DRAWS, NEW_TOKENS, SAMPLING, VOCAB, _no_renormalisation, \
+    chi_square_p_value, exact_joint
+
+import hf_spec
+from hf_spec.engine.auto import AutoLookup, PositionSurvival
+from hf_spec.engine.costs import Costs
+from hf_spec.lookup.matches import best_continuation, continuation_trie, ranked_matches
+from hf_spec.testing import tiny_causal_lm
+
+# --- matches and the trie, on literal sequences ---
+
+
+def test_matches_rank_longest_ngram_then_most_recent():
+    x = torch.tensor([5, 6, 7, 5, 6, 8, 9, 6, 5, 6])
+    # (5, 6) at i = 4 and i = 1; (6) alone at i = 7 (x[6] = 9 is not 5)
+    assert ranked_matches(x, 2) == [(2, 4), (2, 1), (1, 7)]
+    assert ranked_matches(x, 1) == [(1, 7), (1, 4), (1, 1)]
+    assert ranked_matches(torch.tensor([1, 2, 3]), 2) == []
+    assert ranked_matches(torch.tensor([4]), 2) == []
+
+
+def test_trie_merges_continuations_in_rank_order_within_the_budget():
+    x = torch.tensor([5, 6, 7, 5, 6, 8, 9, 6, 5, 6])
+    paths, tokens, best = continuation_trie(x, 2, depth=2, budget=5)
+    # i = 4 -> [8, 9]; i = 1 -> [7, 5]; i = 7 -> [5, 6]: three branches under the root, the last cut by the budget
+    assert paths == [(0,), (0, 0), (1,), (1, 0), (2,)]
+    assert tokens == [8, 9, 7, 5, 5]
+    assert best == 2
+    assert continuation_trie(x, 2, depth=3, budget=0) == ([], [], 0)
+    assert best_continuation(x, 2, 3) == [8, 9, 6]
+
+
+def test_shared_prefixes_are_one_node():
+    x = torch.tensor([1, 2, 3, 4, 1, 2, 3, 9, 1, 2])
+    paths, tokens, _ = continuation_trie(x, 2, depth=3, budget=10)
+    # i = 5 -> [3, 9, 1]; i = 1 -> [3, 4, 1]: one node for the shared 3
+    assert paths == [(0,), (0, 0), (0, 0, 0), (0, 1), (0, 1, 0)]
+    assert tokens == [3, 9, 1, 4, 1]
+
+
+# --- greedy: what plain generate() returns ---
+
+PROMPTS = ["def fib(n): return fib(n-1) + fib(n-2)", "abcabcabc", "hello world hello", "xyz"]
+
+
+@pytest.mark.parametrize("nodes", ["auto", 1, 4, 12])
+def test_greedy_equals_plain_generate(target, tokenizer, nodes):
+    for text in PROMPTS:
+        inputs = tokenizer(text, return_tensors="pt")
+        expected = target.generate(**inputs, max_new_tokens=40, do_sample=False)
+        out = target.generate(**inputs, max_new_tokens=40, do_sample=False, strategy="prompt_lookup",
+                              num_speculative_tokens=nodes, cache_costs=False)
+        assert torch.equal(out, expected), (text, nodes)
+        assert hf_spec.last_stats().strategy == "prompt_lookup"
+
+
+def test_lookup_pays_on_repetitive_text(target, tokenizer):
+    """A model that repeats itself (the tiny random models loop) is where lookup proposes and is right."""
+    inputs = tokenizer("abcabcabc", return_tensors="pt")
+    target.generate(**inputs, max_new_tokens=60, do_sample=False, strategy="prompt_lookup", num_speculative_tokens=8)
+    stats = hf_spec.last_stats()
+    assert stats.accepted > 0 and stats.tokens_per_step > 1.2
+
+
+@pytest.mark.parametrize("settings", [{"prompt_lookup_num_tokens": 3}, {"max_matching_ngram_size": 3},
+                                      {"prompt_lookup_num_tokens": 1, "max_matching_ngram_size": 1}])
+def test_transformers_settings_are_read(target, tokenizer, settings):
+    inputs = tokenizer("abcabcabc", return_tensors="pt")
+    expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    out = target.generate(**inputs, max_new_tokens=30, do_sample=False, strategy="prompt_lookup",
+                          num_speculative_tokens=20, **settings)
+    assert torch.equal(out, expected)
+    depth = settings.get("prompt_lookup_num_tokens", 10)
+    assert max(hf_spec.last_stats().accepted_by_position and [depth]) <= depth
+    assert len(hf_spec.last_stats().proposed_by_position) <= depth
+
+
+def test_left_padded_batch_equals_plain_generate(target, tokenizer):
+    inputs = tokenizer(["abcabc", "def fib(n): fib", "z"], return_tensors="pt", padding=True)
+    expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    for nodes in (3, 8):
+        out = target.generate(**inputs, max_new_tokens=30, do_sample=False, strategy="prompt_lookup",
+                              num_speculative_tokens=nodes)
+        assert torch.equal(out, expected)
+
+
+def test_stop_at_eos_and_max_length_as_plain(target, tokenizer):
+    inputs = tokenizer("abab", return_tensors="pt")
+    plain = target.generate(**inputs, max_new_tokens=12, do_sample=False)
+    eos = int(plain[0, inputs["input_ids"].shape[1] + 5])  # a token the answer reaches: generation stops there
+    expected = target.generate(**inputs, max_new_tokens=12, do_sample=False, eos_token_id=eos)
+    out = target.generate(**inputs, max_new_tokens=12, do_sample=False, eos_token_id=eos, strategy="prompt_lookup",
+                          num_speculative_tokens=6)
+    assert torch.equal(out, expected)
+
+
+def test_bad_settings_are_refused(target, tokenizer):
+    inputs = tokenizer("ab", return_tensors="pt")
+    with pytest.raises(ValueError, match="tree's nodes per step"):
+        target.generate(**inputs, strategy="prompt_lookup", num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="tree's nodes per step"):
+        target.generate(**inputs, strategy="prompt_lookup", num_speculative_tokens="stepwise")
+    with pytest.raises(ValueError, match="strategy='prompt_lookup'"):
+        target.generate(**inputs, strategy="medusa", prompt_lookup_num_tokens=3)
+
+
+# --- sampling: the target's distribution ---
+
+LOOKUP_PROMPT = torch.tensor([[1, 4, 5, 1, 4, 3, 3, 4]])  # (4) matches twice: a tree, answers that vary
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    return tiny_causal_lm("llama", seed=0, vocab_size=VOCAB, hidden_size=16, initializer_range=0.5)
+
+
+def draw_lookup(target, nodes, batch=1, **extra) -> tuple[list[tuple], int]:
+    torch.manual_seed(0)
+    samples, accepted = [], 0
+    prompt = LOOKUP_PROMPT.expand(batch, -1)
+    for _ in range(DRAWS // batch):
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), strategy="prompt_lookup",
+                              num_speculative_tokens=nodes, **SAMPLING, **extra)
+        samples += [tuple(row[LOOKUP_PROMPT.shape[1]:].tolist()) for row in out]
+        accepted += hf_spec.last_stats().accepted
+    return samples, accepted
+
+
+@pytest.mark.parametrize("nodes,batch", [(2, 1), (6, 1), (6, 2)], ids=["chain", "tree", "batch"])
+def test_sampling_recovers_the_target_distribution(small_target, nodes, batch):
+    samples, accepted = draw_lookup(small_target, nodes, batch, prompt_lookup_num_tokens=2)
+    assert accepted > DRAWS // 4  # proposals were accepted often, so the rule was exercised
+    assert len(samples) == DRAWS and all(len(s) == NEW_TOKENS for s in samples)
+    assert chi_square_p_value(samples, exact_joint(small_target, LOOKUP_PROMPT)) > ALPHA
+
+
+def test_sampling_without_renormalisation_is_caught(small_target, monkeypatch):
+    from hf_spec.verify import TORCH
+
+    lookup_generate = importlib.import_module("hf_spec.lookup.generate")
+    wrong = dataclasses.replace(TORCH, sample=_no_renormalisation)
+    monkeypatch.setattr(lookup_generate, "get_verifier", lambda name, device: wrong)
+    samples, _ = draw_lookup(small_target, 6, prompt_lookup_num_tokens=2)
+    assert chi_square_p_value(samples, exact_joint(small_target, LOOKUP_PROMPT)) < ALPHA
+
+
+# --- "auto": the nodes that measured costs and realised acceptance say are fastest ---
+
+
+def test_position_survival_learns_the_acceptance_by_position():
+    survival = PositionSurvival(prior=0.5, prior_weight=2.0)
+    assert survival.expected(2) == pytest.approx([1.0, 1.5, 1.75])
+    for _ in range(200):
+        survival.observe(proposed=4, accepted=4)
+    assert survival.expected(4)[-1] > 4.8
+    for _ in range(400):
+        survival.observe(proposed=4, accepted=0)  # only position 1 is judged, and rejected
+    expected = survival.expected(4)
+    assert expected[1] < 1.1 and expected[4] - expected[1] < 0.1
+
+
+@pytest.mark.parametrize("verify,accepted,chosen", [
+    ({1: 1.0, 2: 1.0, 5: 1.0, 9: 1.0, 11: 1.0}, 10, 10),  # flat verification and right guesses: all of them
+    ({1: 1.0, 2: 2.0, 5: 5.0, 9: 9.0, 11: 11.0}, 0, 0),  # cost by width and wrong guesses: plain decoding
+])
+def test_auto_lookup_picks_by_costs_and_survival(verify, accepted, chosen):
+    survival = PositionSurvival()
+    for _ in range(100):
+        survival.observe(10, accepted)
+    schedule = AutoLookup(Costs(verify=verify, propose_step=0.001), survival, max_nodes=10)
+    assert schedule.next() == chosen
