@@ -101,6 +101,17 @@ def bench_modes(text: str) -> list[str]:
     return modes
 
 
+def category_counts(text: str) -> dict[str, int]:
+    """``bench --categories``: "summarization:5,rag:5" -> {"summarization": 5, "rag": 5}."""
+    counts = {}
+    for item in str(text).split(","):
+        name, _, count = item.strip().partition(":")
+        if not name or not count.strip().isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"expected CATEGORY:N pairs such as summarization:5,rag:5; got {item!r}")
+        counts[name] = int(count)
+    return counts
+
+
 def synthetic_shapes(text: str) -> str:
     """``bench --synthetic TARGET:DRAFT``: two of the named shapes of ``hf_spec.bench.synthetic``."""
     from .bench import synthetic_configs
@@ -193,12 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
                                             "file of one (train-eagle writes tree.json); default: the dynamic tree")
     bench.add_argument("--tree", help="Medusa tree: a name (default mc_sim_7b_63), \"auto\", a JSON list of paths or a .json file of one (train-medusa writes tree.json)")
     bench.add_argument("--modes", type=bench_modes,
-                       help="any of vanilla, assisted, draft, auto, stepwise, medusa, eagle (vanilla among them; default "
+                       help="any of vanilla, assisted, draft, auto, stepwise, medusa, eagle, hf-lookup, lookup, "
+                            "draft+lookup (vanilla among them; default "
                             "vanilla,assisted,draft, with --synthetic vanilla,draft)")
     bench.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
     bench.add_argument("--questions", help="prompts jsonl or text file (default: the Spec-Bench questions shipped "
                                            "with hf-spec)")
     bench.add_argument("--per-category", type=positive_int, help="the first N questions of each category")
+    bench.add_argument("--categories", type=category_counts,
+                       help="the first N questions of these categories, e.g. summarization:5,rag:5 (the others keep "
+                            "--per-category's, or are left out without it)")
     bench.add_argument("--limit", type=positive_int, help="at most this many questions")
     bench.add_argument("--max-new-tokens", type=positive_int, default=64)
     bench.add_argument("--repeats", type=positive_int, default=1)

@@ -24,9 +24,10 @@ class Prompt:
 
 
 def load_prompts(path: str | Path | None = None, per_category: int | None = None,
-                 limit: int | None = None) -> list[Prompt]:
+                 limit: int | None = None, categories: dict[str, int] | None = None) -> list[Prompt]:
     """The prompts of ``path`` (default: the Spec-Bench questions), in file order; with ``per_category`` the
-    first N of each category; at most ``limit``."""
+    first N of each category; with ``categories`` ({category: N}) the first N of those categories (the others
+    keep ``per_category``'s, or are left out without it); at most ``limit``."""
     path = Path(path) if path else SPEC_BENCH_QUESTIONS
     if not path.is_file():
         raise FileNotFoundError(f"No prompts file at {path}: pass a jsonl (Spec-Bench format, or a 'text' or "
@@ -34,11 +35,17 @@ def load_prompts(path: str | Path | None = None, per_category: int | None = None
     prompts = [_prompt(path, i, line) for i, line in enumerate(path.read_text().splitlines()) if line.strip()]
     if not prompts:
         raise ValueError(f"{path} holds no prompts.")
-    if per_category is not None:
+    if categories:
+        unknown = sorted(set(categories) - {prompt.category for prompt in prompts})
+        if unknown:
+            known = ", ".join(dict.fromkeys(prompt.category for prompt in prompts))
+            raise ValueError(f"No questions of the categories {', '.join(unknown)} in {path}: it has {known}.")
+    if per_category is not None or categories:
+        wanted = {**{prompt.category: per_category or 0 for prompt in prompts}, **(categories or {})}
         taken: dict[str, int] = {}
         selected = []
         for prompt in prompts:
-            if taken.get(prompt.category, 0) < per_category:
+            if taken.get(prompt.category, 0) < wanted[prompt.category]:
                 taken[prompt.category] = taken.get(prompt.category, 0) + 1
                 selected.append(prompt)
         prompts = selected

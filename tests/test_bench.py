@@ -30,6 +30,14 @@ def test_per_category_takes_the_first_n_in_file_order(questions):
     assert len(load_prompts(questions, per_category=1, limit=2)) == 2
 
 
+def test_categories_add_questions_of_named_categories(questions):
+    picked = load_prompts(questions, per_category=1, categories={"a": 3})
+    assert [(p.category, p.question_id) for p in picked] == [("a", "1"), ("b", "2"), ("a", "3"), ("c", "4"), ("a", "5")]
+    assert [p.question_id for p in load_prompts(questions, categories={"b": 5})] == ["2", "6"]
+    with pytest.raises(ValueError, match="No questions of the categories z"):
+        load_prompts(questions, categories={"z": 1})
+
+
 def test_spec_bench_default_has_13_categories():
     prompts = load_prompts(per_category=1)
     assert len(prompts) in (13, 4)  # 13 with ../shared/data present, else the built-in prompts
@@ -93,6 +101,8 @@ def test_mode_names():
     assert mode_names(["vanilla", "medusa"], [3]) == ["vanilla", "vanilla-again", "medusa"]
     assert mode_names(["vanilla", "auto"], [3]) == ["vanilla", "vanilla-again", "auto"]
     assert mode_names(["vanilla", "eagle"], [3]) == ["vanilla", "vanilla-again", "eagle"]
+    assert mode_names(["vanilla", "hf-lookup", "lookup", "draft+lookup"], [3]) == [
+        "vanilla", "vanilla-again", "hf-lookup", "lookup", "draft+lookup@3"]
     with pytest.raises(ValueError, match="Unknown mode 'lookahead'"):
         mode_names(["vanilla", "lookahead"], [3])
 
@@ -117,6 +127,19 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert any("noise floor" in line for line in lines)
     assert any("auto: k chosen per step" in line for line in lines)
+
+
+def test_lookup_modes_end_to_end(tmp_path):
+    target = tiny_causal_lm(hidden_size=64, num_layers=2)
+    run_bench(Contenders(target, perturbed_draft(target, 0.1)), char_tokenizer(),
+              prompts=load_prompts(per_category=1, limit=2), modes=["vanilla", "hf-lookup", "lookup", "draft+lookup"],
+              ks=[2], max_new_tokens=12, progress=False, print_fn=lambda *_: None, json_path=tmp_path / "bench.json")
+    report = json.loads((tmp_path / "bench.json").read_text())
+    overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
+    assert set(overall) == {"vanilla", "vanilla-again", "hf-lookup", "lookup", "draft+lookup@2"}
+    assert all(row["equal_to_vanilla"] == 1.0 for row in overall.values())
+    strategies = {run["mode"]: run["stats"]["strategy"] for run in report["runs"] if run["stats"]}
+    assert strategies == {"lookup": "prompt_lookup", "draft+lookup@2": "draft+lookup"}
 
 
 def test_simulate_cli(capsys):

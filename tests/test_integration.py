@@ -87,13 +87,16 @@ def test_both_draft_and_assistant_model_is_refused(target, prompt):
         _generate(target, prompt, draft_model=target, assistant_model=target)
 
 
-def test_draft_with_another_vocabulary_is_refused(target, prompt):
+def test_draft_with_another_vocabulary_asks_for_the_tokenizers(target, prompt):
     other = tiny_causal_lm("llama", vocab_size=50)
-    with pytest.raises(ValueError, match=r"vocabulary \(50 tokens\) differs from the target's \(99\)"):
+    with pytest.raises(ValueError, match=r"vocabulary has 50 tokens, the target's 99\).*Pass tokenizer= \(the "
+                                         r"target's tokenizer\) and assistant_tokenizer= \(the draft's\)"):
         _generate(target, prompt, draft_model=other)
 
 
-def test_draft_with_another_tokenizer_is_refused(target, prompt):
+def test_draft_with_another_tokenizer_goes_through_text(target, prompt):
+    # the same pieces with "a" and "b" swapped: the draft (the target itself) reads the swapped ids as other text,
+    # so the tokenizers are told apart and proposals are converted (tests/test_draft_tokenizers.py has the rest)
     scrambled = char_tokenizer()
     vocab = scrambled.get_vocab()
     swapped = {token: vocab["b"] if token == "a" else vocab["a"] if token == "b" else i for token, i in vocab.items()}
@@ -101,8 +104,10 @@ def test_draft_with_another_tokenizer_is_refused(target, prompt):
 
     scrambled._tokenizer.model = models.WordLevel(swapped, unk_token="<pad>")
     assert isinstance(scrambled._tokenizer, Tokenizer) and scrambled.get_vocab() != vocab
-    with pytest.raises(ValueError, match="tokenizer maps tokens to ids differently"):
-        _generate(target, prompt, draft_model=target, tokenizer=char_tokenizer(), assistant_tokenizer=scrambled)
+    expected = target.generate(**prompt, max_new_tokens=12, do_sample=False)
+    out = _generate(target, prompt, draft_model=target, tokenizer=char_tokenizer(), assistant_tokenizer=scrambled,
+                    max_new_tokens=12, do_sample=False)
+    assert torch.equal(out, expected)
 
 
 def test_draft_that_cannot_be_moved_is_refused(prompt):

@@ -92,6 +92,32 @@ def test_left_padded_batch_equals_plain_generate(target, tokenizer):
         assert torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("k", ["auto", 3])
+def test_draft_behind_prompt_lookup_equals_plain_generate(target, drafts, tokenizer, k):
+    for text in PROMPTS:
+        inputs = tokenizer(text, return_tensors="pt")
+        expected = target.generate(**inputs, max_new_tokens=40, do_sample=False)
+        out = target.generate(**inputs, max_new_tokens=40, do_sample=False, strategy="draft",
+                              draft_model=drafts["partly"], num_speculative_tokens=k, prompt_lookup=True,
+                              cache_costs=False)
+        assert torch.equal(out, expected), (text, k)
+    assert hf_spec.last_stats().strategy == "draft+lookup"
+    inputs = tokenizer(["abcabc", "def fib(n): fib"], return_tensors="pt", padding=True)
+    expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    out = target.generate(**inputs, max_new_tokens=30, do_sample=False, strategy="draft", draft_model=drafts["partly"],
+                          num_speculative_tokens=k, prompt_lookup=True, prompt_lookup_num_tokens=4)
+    assert torch.equal(out, expected)
+
+
+def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, drafts, tokenizer):
+    """A draft that is never right: every accepted token came from the lookup."""
+    inputs = tokenizer("abcabcabc", return_tensors="pt")
+    target.generate(**inputs, max_new_tokens=40, do_sample=False, strategy="draft", draft_model=drafts["never"],
+                    num_speculative_tokens=2, prompt_lookup=True)
+    stats = hf_spec.last_stats()
+    assert stats.accepted > 0 and 2 in stats.k_per_step and any(k > 2 for k in stats.k_per_step)
+
+
 def test_stop_at_eos_and_max_length_as_plain(target, tokenizer):
     inputs = tokenizer("abab", return_tensors="pt")
     plain = target.generate(**inputs, max_new_tokens=12, do_sample=False)
@@ -139,6 +165,25 @@ def test_sampling_recovers_the_target_distribution(small_target, nodes, batch):
     samples, accepted = draw_lookup(small_target, nodes, batch, prompt_lookup_num_tokens=2)
     assert accepted > DRAWS // 4  # proposals were accepted often, so the rule was exercised
     assert len(samples) == DRAWS and all(len(s) == NEW_TOKENS for s in samples)
+    assert chi_square_p_value(samples, exact_joint(small_target, LOOKUP_PROMPT)) > ALPHA
+
+
+def test_draft_behind_lookup_samples_the_target_distribution(small_target, monkeypatch):
+    from collections import Counter
+
+    from hf_spec.lookup.hybrid import LookupThenProposer
+
+    sources, advance = Counter(), LookupThenProposer.advance
+    monkeypatch.setattr(LookupThenProposer, "advance",
+                        lambda self, *args: (sources.update([self.source]), advance(self, *args)))
+    draft = tiny_causal_lm("llama", seed=5, vocab_size=VOCAB, hidden_size=16, initializer_range=0.5)
+    torch.manual_seed(0)
+    samples = []
+    for _ in range(DRAWS):
+        out = small_target.generate(LOOKUP_PROMPT, attention_mask=torch.ones_like(LOOKUP_PROMPT), strategy="draft",
+                                    draft_model=draft, num_speculative_tokens=2, prompt_lookup=True, **SAMPLING)
+        samples.append(tuple(out[0, LOOKUP_PROMPT.shape[1]:].tolist()))
+    assert sources["lookup"] > DRAWS // 4 and sources["fallback"] > DRAWS // 4  # both proposers took steps
     assert chi_square_p_value(samples, exact_joint(small_target, LOOKUP_PROMPT)) > ALPHA
 
 

@@ -277,7 +277,7 @@ def test_strategy_keywords_come_from_the_callables():
     ("draft", {"medusa_heads": "some/heads"}, "medusa"),
     ("draft", {"tree": "mc_sim_7b_63"}, "eagle' or 'medusa"),
     ("medusa", {"eagle_model": "some/eagle"}, "eagle"),
-    ("medusa", {"num_speculative_tokens": 3}, "draft' or 'eagle"),
+    ("medusa", {"num_speculative_tokens": 3}, "draft' or 'eagle' or 'prompt_lookup"),
     ("medusa", {"draft_model": "some/draft"}, "draft"),
     ("medusa", {"assistant_model": "some/draft"}, "draft"),
 ])

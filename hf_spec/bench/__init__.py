@@ -42,7 +42,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         prompts, encoded = batch_prompts(prompts, encoded, batch_size, pad_token_id)
         calibrate_costs = False  # the cost model predicts one row
-    if any(n.startswith(("assisted@", "draft@", "auto", "stepwise")) for n in names) and contenders.draft is None:
+    if any(n.startswith(("assisted@", "draft", "auto", "stepwise")) for n in names) and contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
     tree_nodes = None
     if "eagle" in names and contenders.eagle_model is None:
@@ -191,7 +191,7 @@ def check_args(args) -> None:
         return
     read_tree(args.tree)
     modes = items(args.modes)
-    needs_draft = [m for m in modes if m in ("assisted", "draft", "auto", "stepwise")]
+    needs_draft = [m for m in modes if m in ("assisted", "draft", "auto", "stepwise", "draft+lookup")]
     if needs_draft and not args.draft:
         raise ValueError(f"the modes {', '.join(needs_draft)} need a draft model: pass --draft, or leave them out "
                          "of --modes.")
@@ -221,7 +221,7 @@ def main(args) -> int:
     check_args(args)
     if args.synthetic:
         return synthetic_main(args)
-    prompts = load_prompts(args.questions, args.per_category, args.limit)
+    prompts = load_prompts(args.questions, args.per_category, args.limit, args.categories)
     dtype = getattr(torch, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()

@@ -2,7 +2,9 @@
 
 Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
 itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
-``draft@k``, ``auto`` and ``stepwise`` (num_speculative_tokens="auto" / "stepwise"), ``medusa`` and ``eagle``.
+``draft@k``, ``auto`` and ``stepwise`` (num_speculative_tokens="auto" / "stepwise"), ``medusa`` and ``eagle``;
+``hf-lookup`` (transformers' prompt lookup, ``prompt_lookup_num_tokens=10``), ``lookup`` (strategy="prompt_lookup",
+"auto" nodes) and ``draft+lookup@k`` (the draft at k behind prompt lookup).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from ..engine.stats import last_stats
 
 from ..prompts import Prompt
 from .near_tie import first_differences
+
+HF_LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens (and the default of strategy="prompt_lookup")
 
 
 @dataclass
@@ -58,15 +62,15 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += ["vanilla", "vanilla-again"]
         elif mode == "draft" and alphas:
             names += [f"draft@{k}~{alpha}" for alpha in alphas for k in ks]
-        elif mode in ("assisted", "draft"):
+        elif mode in ("assisted", "draft", "draft+lookup"):
             names += [f"{mode}@{k}" for k in ks]
             if mode == "draft" and quantization:
                 names += [f"draft-{quantization}@{k}" for k in ks]
-        elif mode in ("medusa", "eagle", "auto", "stepwise"):
+        elif mode in ("medusa", "eagle", "auto", "stepwise", "hf-lookup", "lookup"):
             names.append(mode)
         else:
             raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, auto, stepwise, medusa, "
-                             "eagle.")
+                             "eagle, hf-lookup, lookup, draft+lookup.")
     if "vanilla" not in names:
         raise ValueError("--modes must include vanilla: every speedup is measured against it.")
     return names
@@ -94,6 +98,13 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
         config.num_assistant_tokens_schedule = "constant"
         config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = contenders.draft
+    elif mode == "hf-lookup":
+        kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
+    elif mode == "lookup":
+        kwargs.update(strategy="prompt_lookup")
+    elif mode.startswith("draft+lookup@"):
+        kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=int(mode.split("@")[1]),
+                      draft_vocab_size=contenders.draft_vocab_size, prompt_lookup=True)
     elif mode.startswith("draft"):
         draft = contenders.quantized_draft if mode.startswith("draft-") else contenders.draft
         kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]),
@@ -109,7 +120,8 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     start = time.perf_counter()
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
-    stats = last_stats().to_dict() if mode.startswith(("draft", "medusa", "eagle", "auto", "stepwise")) else None
+    stats = last_stats().to_dict() if mode.startswith(("draft", "medusa", "eagle", "auto", "stepwise", "lookup")) \
+        else None
     return (out.sequences, seconds, stats, out.scores) if keep_scores else (out, seconds, stats, None)
 
 

@@ -1,6 +1,7 @@
-"""The draft strategy: a small model with the target's tokenizer proposes k tokens a step."""
+"""The draft strategy: a small model, with the target's tokenizer or its own, proposes k tokens a step."""
+from .cross_tokenizer import CrossTokenizerProposer
 from .generate import draft_schedule, generate
 from .loading import resolve_draft
 from .proposer import DraftModelProposer
 
-__all__ = ["DraftModelProposer", "draft_schedule", "generate", "resolve_draft"]
+__all__ = ["CrossTokenizerProposer", "DraftModelProposer", "draft_schedule", "generate", "resolve_draft"]

@@ -12,8 +12,11 @@ from ..engine.call import DecodingCall
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
 from ..engine.schedule import FixedLength, Schedule, StepwiseLength, check_num_speculative_tokens
+from ..lookup.generate import LOOKUP_OPTIONS
+from ..lookup.hybrid import behind_prompt_lookup
 from ..token_map import TokenMap
-from .loading import resolve_draft
+from .cross_tokenizer import CrossTokenizerProposer
+from .loading import ResolvedDraft, resolve_draft_and_tokenizers
 from .proposer import DraftModelProposer
 
 
@@ -22,10 +25,13 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
              draft_model=None, num_speculative_tokens: int | str = 5, draft_quantization=None,
              cache_costs: bool = True, token_streamer=None, stop_strings=None, target_tokenizer=None,
              draft_tokenizer=None, revision: str | None = None, token=None, draft_vocab_size: int | None = None,
-             **model_kwargs):
+             prompt_lookup: bool = False, **model_kwargs):
     """Speculative decoding with a draft model, for ``model.generate(custom_generate=...)``.
 
-    draft_model: a model object, a Hub id or a local path sharing the target's tokenizer.
+    draft_model: a model object, a Hub id or a local path. A draft with another tokenizer needs both tokenizers
+    (``target_tokenizer``, and ``draft_tokenizer`` unless one was saved with a draft given by id or path): its
+    proposals go through text under greedy decoding, through the tokens both vocabularies share under sampling
+    (``hf_spec.draft.cross_tokenizer``); one row per call.
     num_speculative_tokens: k, the draft tokens proposed per verification step: an int >= 1, "stepwise" (start
     at 3, +1 while a step accepts >= 50%, else -1) or "auto" (the k, including 0 = plain decoding, that the
     measured costs and acceptance say is fastest; ``cache_costs=False`` forgets costs measured in earlier calls).
@@ -33,21 +39,40 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     draft_vocab_size: the draft scores only this many target ids (its output layer restricted to them), plus the
     end-of-sequence ids and every token of the prompts: cheaper proposals, the same output. The ids are the
     lowest, which byte-level BPE tokenizers give their most frequent pieces. None: the whole vocabulary.
+    prompt_lookup: prompt lookup in front of the draft (``hf_spec.lookup.hybrid``): where every row's text has an
+    earlier match of its last tokens, the match's continuation is proposed (``prompt_lookup_num_tokens``, default
+    10, ``max_matching_ngram_size``, default 2; with "auto", as many as the lookup's realised acceptance pays for)
+    and the draft does not run; elsewhere the draft proposes.
     token_streamer, target_tokenizer, draft_tokenizer: what ``generate()`` calls ``streamer``, ``tokenizer``
     and ``assistant_tokenizer`` (``strategy=`` renames them: transformers does not hand those to
     custom_generate callables). ``stop_strings`` need ``target_tokenizer``; the two tokenizers, when
-    both are known, are compared.
+    both are known, are compared: where they are the same, the draft proposes target ids directly.
     """
     call = DecodingCall.of("draft", model, input_ids, logits_processor, stopping_criteria, generation_config,
                            token_streamer=token_streamer, stop_strings=stop_strings,
-                           target_tokenizer=target_tokenizer, **model_kwargs)
+                           target_tokenizer=target_tokenizer, own_options=LOOKUP_OPTIONS if prompt_lookup else (),
+                           **model_kwargs)
     check_num_speculative_tokens(num_speculative_tokens)
-    draft = resolve_draft(draft_model, model, revision=revision, token=token, target_tokenizer=target_tokenizer,
-                          draft_tokenizer=draft_tokenizer, draft_quantization=draft_quantization)
-    token_map = draft_token_map(draft_vocab_size, draft, input_ids, generation_config)
-    proposer = DraftModelProposer(draft, call.padding_mask, call.batch_size, token_map)
-    return speculative_generate(call, proposer, draft_schedule(num_speculative_tokens, model, draft, call.do_sample,
-                                                               cache_costs))
+    draft = resolve_draft_and_tokenizers(draft_model, model, revision=revision, token=token,
+                                         target_tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer,
+                                         draft_quantization=draft_quantization)
+    proposer = draft_proposer(draft, call, draft_vocab_size)
+    schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs)
+    if prompt_lookup:
+        proposer, schedule = behind_prompt_lookup(proposer, schedule, call, draft.model, num_speculative_tokens,
+                                                  cache_costs)
+    return speculative_generate(call, proposer, schedule)
+
+
+def draft_proposer(draft: ResolvedDraft, call: DecodingCall, draft_vocab_size: int | None):
+    """The draft's proposer: on the target's token ids where the two share a tokenizer, else across tokenizers."""
+    if draft.tokenizers is None:
+        token_map = draft_token_map(draft_vocab_size, draft.model, call.input_ids, call.generation_config)
+        return DraftModelProposer(draft.model, call.padding_mask, call.batch_size, token_map)
+    if draft_vocab_size is not None:
+        raise ValueError("draft_vocab_size restricts a draft to target ids, so it needs a draft with the target's "
+                         "tokenizer; drop draft_vocab_size= for a draft with another tokenizer.")
+    return CrossTokenizerProposer.for_call(draft.model, *draft.tokenizers, call)
 
 
 def draft_token_map(draft_vocab_size: int | None, draft, input_ids: torch.LongTensor,

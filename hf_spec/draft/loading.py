@@ -1,4 +1,4 @@
-"""Resolve the draft model a user names: a model object, a Hub id or a local path."""
+"""Resolve the draft model a user names (a model object, a Hub id or a local path) and its tokenizer."""
 from __future__ import annotations
 
 import functools
@@ -6,19 +6,51 @@ import importlib.util
 import json
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
 from ..weights import not_found
 from .int8 import INT8_WEIGHT_ONLY, quantize_int8_weight_only
+from .translation import tokenizers_differ
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ResolvedDraft:
+    """A draft ready for the target: the model and, where its tokenizer differs from the target's, the two
+    tokenizers (the target's, the draft's), through which its proposals go."""
+
+    model: PreTrainedModel
+    tokenizers: tuple | None = None
+
+
 def resolve_draft(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
                   target_tokenizer=None, draft_tokenizer=None, draft_quantization=None) -> PreTrainedModel:
-    """The draft as a model on the target's device, checked to share the target's vocabulary.
+    """The draft (``load_draft``), checked to share the target's vocabulary."""
+    draft, draft_tokenizer = load_draft(draft_model, target, revision=revision, token=token,
+                                        draft_tokenizer=draft_tokenizer, draft_quantization=draft_quantization)
+    check_same_vocabulary(target, draft, _target_tokenizer(target, target_tokenizer, draft_tokenizer),
+                          draft_tokenizer)
+    return draft
+
+
+def resolve_draft_and_tokenizers(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
+                                 target_tokenizer=None, draft_tokenizer=None,
+                                 draft_quantization=None) -> ResolvedDraft:
+    """The draft (``load_draft``) and, where its tokenizer differs from the target's, both tokenizers
+    (``different_tokenizers``)."""
+    draft, draft_tokenizer = load_draft(draft_model, target, revision=revision, token=token,
+                                        draft_tokenizer=draft_tokenizer, draft_quantization=draft_quantization)
+    return ResolvedDraft(draft, different_tokenizers(target, draft, target_tokenizer, draft_tokenizer))
+
+
+def load_draft(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
+               draft_tokenizer=None, draft_quantization=None) -> tuple[PreTrainedModel, object]:
+    """The draft as a model on the target's device, and its tokenizer (the one given; else, for a draft given by
+    id or path, the one saved with it; else None).
 
     A Hub id or path is loaded (once per process, then reused) on the target's device in the target's
     dtype, or quantized with ``draft_quantization``: by bitsandbytes ("4bit": NF4 with double quantization,
@@ -40,30 +72,60 @@ def resolve_draft(draft_model, target: PreTrainedModel, *, revision: str | None 
                              "path, or pass a model you loaded with a quantization_config.")
         draft = _on_device(draft_model, target.device)
     else:
-        raise TypeError(f"draft_model must be a transformers model, a Hub id or a path; got {type(draft_model).__name__}.")
+        raise TypeError(f"draft_model must be a transformers model, a Hub id or a path; "
+                        f"got {type(draft_model).__name__}.")
     if draft.config.is_encoder_decoder:
         raise ValueError(f"The draft {type(draft).__name__} is an encoder-decoder model; use a causal LM draft.")
-    target_tokenizer = target_tokenizer or (
-        _load_tokenizer(target.name_or_path, None, None, local_only=True) if draft_tokenizer is not None else None)
-    check_same_vocabulary(target, draft, target_tokenizer, draft_tokenizer)
-    return draft
+    return draft, draft_tokenizer
 
 
 def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None) -> None:
-    """Speculation compares token ids, so both models must use one tokenizer."""
+    """Both models use one tokenizer (what ``resolve_draft`` promises its callers, which compare token ids)."""
     target_size, draft_size = _vocab_size(target), _vocab_size(draft)
     if target_size != draft_size:
         raise ValueError(
             f"The draft's vocabulary ({draft_size} tokens) differs from the target's ({target_size}). "
-            "Draft and target must share a tokenizer: pick a draft from the target's model family "
-            "(e.g. a smaller size of the same series)."
+            f"{_SAME_TOKENIZER}"
         )
+    if target_tokenizer is not None and draft_tokenizer is not None and tokenizers_differ(target_tokenizer,
+                                                                                          draft_tokenizer):
+        raise ValueError(f"The draft's tokenizer maps tokens to ids differently from the target's. {_SAME_TOKENIZER}")
+
+
+_SAME_TOKENIZER = ("This needs a draft with the target's tokenizer: pick one from the target's model family (e.g. a "
+                   "smaller size of the same series); generate(strategy='draft') also takes a draft with another "
+                   "tokenizer, given tokenizer= and assistant_tokenizer=.")
+
+
+def different_tokenizers(target, draft, target_tokenizer=None, draft_tokenizer=None) -> tuple | None:
+    """(the target's tokenizer, the draft's) where the two differ, None where the models share one.
+
+    They differ where both are known and map tokens to ids differently, or where the models' vocabularies differ
+    in size. Proposals then go through text, which needs both: a missing one is asked for. Where the target's is
+    not given, the one saved with the target (local files only) tells whether they differ; where neither is
+    known and the sizes agree, the models are taken to share one.
+    """
+    sizes_differ = _vocab_size(target) != _vocab_size(draft)
+    known = _target_tokenizer(target, target_tokenizer, draft_tokenizer)
+    compared = known is not None and draft_tokenizer is not None
+    if not sizes_differ and not (compared and tokenizers_differ(known, draft_tokenizer)):
+        return None
     if target_tokenizer is not None and draft_tokenizer is not None:
-        if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
-            raise ValueError(
-                "The draft's tokenizer maps tokens to ids differently from the target's. Draft and target must "
-                "share a tokenizer: pick a draft from the target's model family."
-            )
+        return target_tokenizer, draft_tokenizer
+    how = (f"its vocabulary has {_vocab_size(draft)} tokens, the target's {_vocab_size(target)}" if sizes_differ
+           else "it maps tokens to ids differently")
+    missing = " and ".join(name for name, tokenizer in (("tokenizer= (the target's tokenizer)", target_tokenizer),
+                                                         ("assistant_tokenizer= (the draft's)", draft_tokenizer))
+                           if tokenizer is None)
+    raise ValueError(f"The draft's tokenizer differs from the target's ({how}): its proposals then go through "
+                     f"text, which needs both tokenizers. Pass {missing} to generate().")
+
+
+def _target_tokenizer(target, target_tokenizer, draft_tokenizer):
+    """The target's tokenizer as given or, to compare with a known draft tokenizer, as saved with the target."""
+    if target_tokenizer is not None or draft_tokenizer is None:
+        return target_tokenizer
+    return _load_tokenizer(target.name_or_path, None, None, local_only=True)
 
 
 def _vocab_size(model) -> int:

@@ -6,6 +6,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from ..engine.auto import AutoLookup, PositionSurvival
 from ..engine.call import DecodingCall
+from ..engine.costs import Costs
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
 from ..engine.schedule import FixedLength, Schedule
@@ -55,15 +56,17 @@ def lookup_settings(generation_config: GenerationConfig) -> tuple[int, int]:
     return num_tokens, max_ngram
 
 
-def lookup_schedule(num_speculative_tokens, target, memory_key, num_tokens: int,
-                    cache_costs: bool = True) -> Schedule:
-    """Nodes per step: a fixed int, or "auto" (``AutoLookup``, its estimates kept for (target, ``memory_key``)
-    across calls unless ``cache_costs=False``)."""
+def lookup_schedule(num_speculative_tokens, target, memory_key, num_tokens: int, cache_costs: bool = True,
+                    max_nodes: int | None = None, costs: Costs | None = None) -> Schedule:
+    """Nodes per step: a fixed int, or "auto" (``AutoLookup`` up to ``max_nodes``, default
+    ``AUTO_NODES_PER_TOKEN * num_tokens``; its estimates kept for (target, ``memory_key``) across calls unless
+    ``cache_costs=False``; ``costs``: the target's costs another schedule of the call measures, to share)."""
     if num_speculative_tokens == "auto":
         memory = pair_memory(target, memory_key, cache_costs)
         if memory.lookup_survival is None:
             memory.lookup_survival = PositionSurvival()
-        return AutoLookup(memory.costs, memory.lookup_survival, max_nodes=AUTO_NODES_PER_TOKEN * num_tokens)
+        largest = max_nodes or AUTO_NODES_PER_TOKEN * num_tokens
+        return AutoLookup(costs or memory.costs, memory.lookup_survival, max_nodes=largest)
     if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
             or num_speculative_tokens < 1:
         raise ValueError("num_speculative_tokens for prompt lookup is the tree's nodes per step: an int >= 1 or "

@@ -8,7 +8,25 @@ from transformers import LogitsProcessorList
 
 from ..engine.proposer import Proposal, Proposer
 from ..engine.schedule import Schedule
+from .generate import lookup_schedule, lookup_settings
 from .proposer import PromptLookupProposer
+
+
+def behind_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, memory_key,
+                         num_speculative_tokens, cache_costs: bool = True) -> tuple["LookupThenProposer", Schedule]:
+    """``fallback`` and its schedule with prompt lookup in front, for a decoding ``call`` (an
+    ``hf_spec.engine.call.DecodingCall``: its generation config's prompt lookup settings). With
+    ``num_speculative_tokens="auto"`` the lookup's chain length is "auto" too (``AutoLookup``, its estimates kept
+    for (target, ``memory_key``)); else it is ``prompt_lookup_num_tokens``."""
+    num_tokens, max_ngram = lookup_settings(call.generation_config)
+    lookup = PromptLookupProposer(call.padding_mask, call.batch_size, num_tokens, max_ngram)
+    vocab_size = call.model.get_output_embeddings().weight.shape[0]
+    proposer = LookupThenProposer(lookup, fallback, vocab_size)
+    nodes = "auto" if num_speculative_tokens == "auto" else num_tokens
+    shared = getattr(fallback_schedule, "costs", None)  # the target's costs, as the fallback's "auto" measures them
+    schedule = lookup_schedule(nodes, call.model, memory_key, num_tokens, cache_costs, max_nodes=num_tokens,
+                               costs=shared)
+    return proposer, LookupThenSchedule(proposer, schedule, fallback_schedule)
 
 
 class LookupThenProposer:
