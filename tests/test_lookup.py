@@ -35,7 +35,7 @@ def test_trie_merges_continuations_in_rank_order_within_the_budget():
     assert tokens == [8, 9, 7, 5, 5]
     assert best == 2
     assert continuation_trie(x, 2, depth=3, budget=0) == ([], [], 0)
-    assert best_continuation(x, 2, 3) == [8, 9, 6]
+    assert best_continuation(x, 2, 3) == (2, [8, 9, 6])
 
 
 def test_shared_prefixes_are_one_node():
@@ -206,8 +206,8 @@ def test_position_survival_learns_the_acceptance_by_position():
     for _ in range(200):
         survival.observe(proposed=4, accepted=4)
     assert survival.expected(4)[-1] > 4.8
-    for _ in range(400):
-        survival.observe(proposed=4, accepted=0)  # only position 1 is judged, and rejected
+    for _ in range(1000):
+        survival.observe(proposed=4, accepted=0)  # only position 1 is judged, and rejected: the old record fades
     expected = survival.expected(4)
     assert expected[1] < 1.1 and expected[4] - expected[1] < 0.1
 

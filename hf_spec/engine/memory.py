@@ -18,6 +18,7 @@ class PairMemory:
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
     lookup_survival: object = None  # prompt lookup: a hf_spec.engine.auto.PositionSurvival
+    source_survival: dict = field(default_factory=dict)  # lookup in front of a draft: a PositionSurvival per source
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:

@@ -16,7 +16,8 @@ from .proposer import PromptLookupProposer
 # transformers' GenerationConfig fields for prompt lookup, and their defaults there
 LOOKUP_OPTIONS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
 DEFAULT_NUM_TOKENS, DEFAULT_MAX_NGRAM = 10, 2
-AUTO_NODES_PER_TOKEN = 2  # "auto" offers up to this many nodes per lookup token (the best chain and branches)
+AUTO_NODES_PER_TOKEN = 1  # "auto" offers up to this many nodes per lookup token (measured: 20-node trees of 10-token
+# continuations cost 1.5x a plain step on this project's CPU in bf16 and their extra nodes were rarely accepted)
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,

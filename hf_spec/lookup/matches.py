@@ -69,10 +69,11 @@ def continuation_trie(sequence: torch.LongTensor, max_ngram: int, depth: int, bu
     return paths, tokens, matches[0][0] if matches else 0
 
 
-def best_continuation(sequence: torch.LongTensor, max_ngram: int, length: int) -> list[int]:
-    """The best-ranked match's continuation, at most ``length`` tokens (the trie's first chain)."""
+def best_continuation(sequence: torch.LongTensor, max_ngram: int, length: int) -> tuple[int, list[int]]:
+    """The best-ranked match's n-gram length and continuation, at most ``length`` tokens (the trie's first chain);
+    (0, []) without a match."""
     matches = ranked_matches(sequence, max_ngram) if length > 0 else []
     if not matches:
-        return []
-    start = matches[0][1] + 1
-    return sequence[start : start + length].tolist()
+        return 0, []
+    ngram, position = matches[0]
+    return ngram, sequence[position + 1 : position + 1 + length].tolist()

@@ -60,9 +60,9 @@ class PromptLookupProposer:
             return Proposal(tokens=tokens, tree=trees[0])
         return Proposal(tokens=tokens, row_trees=tuple(trees))
 
-    def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[list[int]]:
-        """Each row's best continuation, at most k tokens and ``max_depth`` deep (a chain, for a draft to fall back
-        on where it is empty)."""
+    def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[tuple[int, list[int]]]:
+        """Each row's best match's n-gram length and continuation, at most k tokens and ``max_depth`` deep (a chain,
+        for a draft to fall back on where it is empty)."""
         length = min(k, self.num_tokens, max_depth)
         return [best_continuation(self._text(rows, r), self.max_ngram, length) for r in range(len(rows))]
 
