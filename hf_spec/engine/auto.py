@@ -79,13 +79,18 @@ class ConfidenceCalibration:
         return min(rate + math.sqrt(rate * (1 - rate) / self.seen[self._bin(confidence)]), 1.0)
 
     def update(self, confidence: float, accepted: bool) -> None:
-        b = self._bin(confidence)
-        if self.seen[b] >= self.memory:
-            fade = (self.memory - 1) / self.seen[b]
-            self.accepted[b] *= fade
-            self.seen[b] *= fade
-        self.accepted[b] += float(accepted)
-        self.seen[b] += 1.0
+        count_with_fading(self.accepted, self.seen, self._bin(confidence), accepted, self.memory)
+
+
+def count_with_fading(accepted: list[float], seen: list[float], i: int, hit: bool, memory: float) -> None:
+    """Add one observation to pseudo-counts ``accepted[i]`` / ``seen[i]``; once ``seen[i]`` reaches ``memory``, older
+    ones fade so that it stays there (the estimate follows a new pair or text)."""
+    if seen[i] >= memory:
+        fade = (memory - 1) / seen[i]
+        accepted[i] *= fade
+        seen[i] *= fade
+    accepted[i] += float(hit)
+    seen[i] += 1.0
 
 
 class AnswerLengths:
@@ -313,7 +318,23 @@ class TreeConfidence:
         return [1.0 + self.ratio * sum(self.curve[:n]) for n in range(sizes + 1)]
 
 
-class AutoDynamicTree(AutoTree):
+class AutoNodes(AutoTree):
+    """``AutoTree`` for a tree built afresh each step: the n of its best nodes to verify, up to ``max_nodes``, with
+    E(n) from ``estimate.expected(max_nodes)`` (an object that learns it: ``TreeConfidence``, ``PositionSurvival``)."""
+
+    def __init__(self, costs: Costs, estimate, max_nodes: int, probe_every: int = 8, max_probe_every: int = 128):
+        super().__init__(costs, None, [], probe_every, max_probe_every)
+        self.estimate, self.max_nodes = estimate, max_nodes
+
+    def expected(self) -> list[float]:
+        return self.estimate.expected(self.max_nodes)
+
+    @property
+    def largest(self) -> int:
+        return self.max_nodes
+
+
+class AutoDynamicTree(AutoNodes):
     """``num_speculative_tokens="auto"`` for EAGLE: each step verifies the n of the dynamic tree's best nodes (0 =
     plain decoding) that maximise E(n) / (H + V(n + 1)) (``TreeConfidence``; H the draft's measured time per
     step, V the target's verify cost by width). As ``AutoTree``: plain decoding first measures V(1), then the
@@ -321,24 +342,16 @@ class AutoDynamicTree(AutoTree):
 
     def __init__(self, costs: Costs, confidence: TreeConfidence, max_nodes: int = 64, probe_every: int = 8,
                  max_probe_every: int = 128):
-        super().__init__(costs, None, [], probe_every, max_probe_every)
-        self.confidence, self.max_nodes = confidence, max_nodes
-
-    def expected(self) -> list[float]:
-        return self.confidence.expected(self.max_nodes)
-
-    @property
-    def largest(self) -> int:
-        return self.max_nodes
+        super().__init__(costs, confidence, max_nodes, probe_every, max_probe_every)
 
     def measured(self) -> bool:
-        return self.costs.propose_step is not None and self.confidence.curve is not None
+        return self.costs.propose_step is not None and self.estimate.curve is not None
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         super().observe(k, accepted, propose_s, verify_s, confidence)
         if k > 0:
-            self.confidence.observe_accepted(accepted)
+            self.estimate.observe_accepted(accepted)
 
 
 class PositionSurvival:
@@ -363,12 +376,7 @@ class PositionSurvival:
         judged = min(proposed, accepted + 1)  # positions 1..accepted + 1 were judged
         self._grow(judged)
         for i in range(judged):
-            if self.seen[i] >= self.memory:
-                fade = (self.memory - 1) / self.seen[i]
-                self.accepted[i] *= fade
-                self.seen[i] *= fade
-            self.accepted[i] += float(i < accepted)
-            self.seen[i] += 1.0
+            count_with_fading(self.accepted, self.seen, i, i < accepted, self.memory)
 
     def expected(self, max_positions: int) -> list[float]:
         """E(n) for n = 0 .. max_positions."""
@@ -380,7 +388,7 @@ class PositionSurvival:
         return expected
 
 
-class AutoLookup(AutoTree):
+class AutoLookup(AutoNodes):
     """``num_speculative_tokens="auto"`` for prompt lookup: each step offers the n of the lookup trie's nodes (0 =
     plain decoding) that maximise E(n) / (H + V(n + 1)) (``PositionSurvival``; H the lookup's measured time, V the
     target's verify cost by width). Steps with no match propose nothing whatever n is, so E is learned on steps
@@ -389,18 +397,10 @@ class AutoLookup(AutoTree):
 
     def __init__(self, costs: Costs, survival: PositionSurvival, max_nodes: int = 20, probe_every: int = 8,
                  max_probe_every: int = 128):
-        super().__init__(costs, None, [], probe_every, max_probe_every)
-        self.survival, self.max_nodes = survival, max_nodes
-
-    def expected(self) -> list[float]:
-        return self.survival.expected(self.max_nodes)
-
-    @property
-    def largest(self) -> int:
-        return self.max_nodes
+        super().__init__(costs, survival, max_nodes, probe_every, max_probe_every)
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         super().observe(k, accepted, propose_s, verify_s, confidence)
         for row_accepted in accepted if k > 0 else ():
-            self.survival.observe(k, row_accepted)
+            self.estimate.observe(k, row_accepted)
