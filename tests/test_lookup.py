@@ -10,40 +10,63 @@ from test_sampling_distribution import ALPHA, DRAWS, NEW_TOKENS, SAMPLING, VOCAB
     chi_square_p_value, exact_joint
 
 import hf_spec
-from hf_spec.engine.auto import AutoLookup, PositionSurvival
+from hf_spec.engine.auto import AutoLookup, MatchSurvival, PositionSurvival
 from hf_spec.engine.costs import Costs
-from hf_spec.lookup.matches import best_continuation, continuation_trie, ranked_matches
+from hf_spec.lookup.matches import CONTEXT, continuation_trie, ranked_matches
+from hf_spec.lookup.proposer import PromptLookupProposer
 from hf_spec.testing import tiny_causal_lm
 
 # --- matches and the trie, on literal sequences ---
 
 
-def test_matches_rank_longest_ngram_then_most_recent():
+def test_matches_rank_longest_agreement_then_earliest():
     x = torch.tensor([5, 6, 7, 5, 6, 8, 9, 6, 5, 6])
-    # (5, 6) at i = 4 and i = 1; (6) alone at i = 7 (x[6] = 9 is not 5)
-    assert ranked_matches(x, 2) == [(2, 4), (2, 1), (1, 7)]
-    assert ranked_matches(x, 1) == [(1, 7), (1, 4), (1, 1)]
+    # (5, 6) at i = 1 and i = 4, both agreeing 2 tokens back (x[2] = 7 is not x[7] = 6); (6) alone at i = 7
+    assert ranked_matches(x, 2) == [(2, 1), (2, 4), (1, 7)]
+    assert ranked_matches(x, 1) == [(2, 1), (2, 4), (1, 7)]  # the same positions; the agreement still ranks them
+    # (1, 2) at i = 1 (2 tokens of agreement) and i = 5 (3: the 7 before it also agrees): the longer first
+    assert ranked_matches(torch.tensor([1, 2, 9, 7, 1, 2, 5, 7, 1, 2]), 2) == [(3, 5), (2, 1)]
     assert ranked_matches(torch.tensor([1, 2, 3]), 2) == []
     assert ranked_matches(torch.tensor([4]), 2) == []
 
 
+def test_the_agreement_counts_at_most_context_tokens():
+    x = torch.tensor([3] * 50)
+    assert ranked_matches(x, 2)[:2] == [(CONTEXT, CONTEXT - 1), (CONTEXT, CONTEXT)]
+
+
 def test_trie_merges_continuations_in_rank_order_within_the_budget():
     x = torch.tensor([5, 6, 7, 5, 6, 8, 9, 6, 5, 6])
-    paths, tokens, best = continuation_trie(x, 2, depth=2, budget=5)
-    # i = 4 -> [8, 9]; i = 1 -> [7, 5]; i = 7 -> [5, 6]: three branches under the root, the last cut by the budget
+    matches = ranked_matches(x, 2)
+    paths, tokens = continuation_trie(x, matches, depth=2, budget=5)
+    # i = 1 -> [7, 5]; i = 4 -> [8, 9]; i = 7 -> [5, 6]: three branches under the root, the last cut by the budget
     assert paths == [(0,), (0, 0), (1,), (1, 0), (2,)]
-    assert tokens == [8, 9, 7, 5, 5]
-    assert best == 2
-    assert continuation_trie(x, 2, depth=3, budget=0) == ([], [], 0)
-    assert best_continuation(x, 2, 3) == (2, [8, 9, 6])
+    assert tokens == [7, 5, 8, 9, 5]
+    assert continuation_trie(x, matches, depth=3, budget=0) == ([], [])
 
 
 def test_shared_prefixes_are_one_node():
     x = torch.tensor([1, 2, 3, 4, 1, 2, 3, 9, 1, 2])
-    paths, tokens, _ = continuation_trie(x, 2, depth=3, budget=10)
-    # i = 5 -> [3, 9, 1]; i = 1 -> [3, 4, 1]: one node for the shared 3
+    paths, tokens = continuation_trie(x, ranked_matches(x, 2), depth=3, budget=10)
+    # i = 1 -> [3, 4, 1]; i = 5 -> [3, 9, 1]: one node for the shared 3
     assert paths == [(0,), (0, 0), (0, 0, 0), (0, 1), (0, 1, 0)]
-    assert tokens == [3, 9, 1, 4, 1]
+    assert tokens == [3, 4, 1, 9, 1]
+
+
+def test_each_row_gets_the_nodes_its_match_earns_and_the_survival_learns_from_them():
+    survival = MatchSurvival()
+    proposer = PromptLookupProposer(None, 2, num_tokens=4, sizing=lambda length, k: k if length >= 2 else 1,
+                                    survival=survival)
+    # row 0: (5, 6) at i = 1, agreeing 2 tokens back, continues [7, 8, 5, 6]; row 1: 3 alone at i = 2 ([9, 4, 3])
+    rows = [torch.tensor([[5, 6, 7, 8, 5, 6]]), torch.tensor([[1, 2, 3, 9, 4, 3]])]
+    proposal = proposer.propose(rows, 4, None, False, max_depth=10)
+    assert proposer.proposed == [(2, 4), (1, 1)] and proposal.k == 4  # row 1 padded with root children
+    assert proposal.tokens[0].tolist() == [7, 8, 5, 6] and proposal.tokens[1, 0] == 9
+    proposer.advance([2, 0])
+    assert survival[2].expected(1)[1] > 1.6 and survival[1].expected(1)[1] < 1.4  # prior 1.5, then 2 of 4 / 0 of 1
+    rows = [torch.cat([rows[0], torch.tensor([[7, 8, 9]])], 1), rows[1]]  # row 1 did not grow: it has finished
+    proposer.propose(rows, 4, None, False, max_depth=10)
+    assert proposer.proposed[1] == (0, 0)
 
 
 # --- greedy: what plain generate() returns ---
@@ -64,7 +87,7 @@ def test_greedy_equals_plain_generate(target, tokenizer, nodes):
 
 def test_lookup_pays_on_repetitive_text(target, tokenizer):
     """A model that repeats itself (the tiny random models loop) is where lookup proposes and is right."""
-    inputs = tokenizer("abcabcabc", return_tensors="pt")
+    inputs = tokenizer("aaaaaaaa", return_tensors="pt")
     target.generate(**inputs, max_new_tokens=60, do_sample=False, strategy="prompt_lookup", num_speculative_tokens=8)
     stats = hf_spec.last_stats()
     assert stats.accepted > 0 and stats.tokens_per_step > 1.2
@@ -212,13 +235,47 @@ def test_position_survival_learns_the_acceptance_by_position():
     assert expected[1] < 1.1 and expected[4] - expected[1] < 0.1
 
 
+FLAT = {1: 1.0, 2: 1.0, 5: 1.0, 9: 1.0, 11: 1.0}  # verification costs the same for 1 to 11 tokens
+BY_WIDTH = {1: 1.0, 2: 2.0, 5: 5.0, 9: 9.0, 11: 11.0}  # ... or in proportion to them
+
+
+def _survival(accepted_by_length: dict[int, int]) -> MatchSurvival:
+    survival = MatchSurvival()
+    for length, accepted in accepted_by_length.items():
+        for _ in range(100):
+            survival[length].observe(10, accepted)
+    return survival
+
+
+def test_match_survival_keeps_one_estimate_per_length_class():
+    survival = _survival({1: 0, 3: 10})
+    assert survival[1] is not survival[2] and survival[2] is survival[3] and survival[4] is survival[40]
+    assert survival[1].expected(10)[-1] < 1.1 and survival[2].expected(10)[-1] > 10
+    assert survival[4].expected(2) == pytest.approx([1.0, 1.5, 1.75])  # a class never seen: the prior
+
+
 @pytest.mark.parametrize("verify,accepted,chosen", [
-    ({1: 1.0, 2: 1.0, 5: 1.0, 9: 1.0, 11: 1.0}, 10, 10),  # flat verification and right guesses: all of them
-    ({1: 1.0, 2: 2.0, 5: 5.0, 9: 9.0, 11: 11.0}, 0, 0),  # cost by width and wrong guesses: plain decoding
+    (FLAT, 10, 10),  # flat verification and right guesses: all of them
+    (BY_WIDTH, 0, 0),  # cost by width and wrong guesses: plain decoding
 ])
 def test_auto_lookup_picks_by_costs_and_survival(verify, accepted, chosen):
-    survival = PositionSurvival()
-    for _ in range(100):
-        survival.observe(10, accepted)
+    survival = _survival({length: accepted for length in (1, 2, 4)})
     schedule = AutoLookup(Costs(verify=verify, propose_step=0.001), survival, max_nodes=10)
     assert schedule.next() == chosen
+
+
+def test_auto_lookup_sizes_each_row_by_its_match_length():
+    survival = _survival({1: 0, 2: 10, 4: 10})  # one-token matches are always wrong, longer ones always right
+    schedule = AutoLookup(Costs(verify={1: 1.0, 11: 1.1}, propose_step=0.001), survival, max_nodes=10)
+    assert schedule.next() == 10  # the longer matches' classes want them all
+    assert schedule.nodes_for(1, 10) == 0 and schedule.nodes_for(2, 10) == 10 and schedule.nodes_for(5, 4) == 4
+
+
+def test_auto_lookup_probes_with_a_node_when_plain_decoding_wins():
+    schedule = AutoLookup(Costs(verify=dict(BY_WIDTH), propose_step=0.001), _survival({1: 0, 2: 0, 4: 0}),
+                          max_nodes=10, probe_every=2)
+    sizes = []
+    for _ in range(4):
+        k = schedule.next()
+        sizes.append((k, schedule.nodes_for(1, k) if k else None))
+    assert sizes == [(0, None), (1, 1), (0, None), (0, None)]  # a probe after 2 plain steps, then after 4

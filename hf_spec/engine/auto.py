@@ -388,19 +388,49 @@ class PositionSurvival:
         return expected
 
 
-class AutoLookup(AutoNodes):
-    """``num_speculative_tokens="auto"`` for prompt lookup: each step offers the n of the lookup trie's nodes (0 =
-    plain decoding) that maximise E(n) / (H + V(n + 1)) (``PositionSurvival``; H the lookup's measured time, V the
-    target's verify cost by width). Steps with no match propose nothing whatever n is, so E is learned on steps
-    that had one. As ``AutoTree``: plain decoding first measures V(1), then the largest size (``max_nodes``) until
-    a step has proposed; while plain decoding wins, probe steps keep the estimate current."""
+class MatchSurvival:
+    """``PositionSurvival`` by class of a lookup match's length (1, 2-3, 4 or more tokens of agreement with the text
+    before it: a longer agreement is a surer copy). Measured on the 1.5B target's greedy answers to 21 Spec-Bench
+    questions, a continuation of 10 tokens brought 0.7, 1.5 and 4.7 accepted tokens in these classes."""
 
-    def __init__(self, costs: Costs, survival: PositionSurvival, max_nodes: int = 20, probe_every: int = 8,
+    CLASSES = 3
+
+    def __init__(self):
+        self.by_class: dict[int, PositionSurvival] = {}
+
+    def __getitem__(self, match_length: int) -> PositionSurvival:
+        """The survival of matches of this length's class."""
+        return self.by_class.setdefault(min(match_length.bit_length(), self.CLASSES), PositionSurvival())
+
+    def classes(self) -> list[PositionSurvival]:
+        return [self[2 ** c - 1] for c in range(1, self.CLASSES + 1)]
+
+
+class AutoLookup(AutoNodes):
+    """``num_speculative_tokens="auto"`` for prompt lookup: each row's tree gets the n nodes (0 = none) that
+    maximise E(n) / (H + V(n + 1)) for its match (``nodes_for``; E from the acceptance by position that matches of
+    its length's class realised, ``MatchSurvival``; H the lookup's measured time, V the target's verify cost by
+    width). The step's k caps them: the best size for the most promising class, up to ``max_nodes``. As
+    ``AutoTree``: plain decoding first measures V(1), then the largest size until a step has proposed; while
+    plain decoding wins for every class, probe steps (at least one node a row) keep the estimates current."""
+
+    def __init__(self, costs: Costs, survival: MatchSurvival, max_nodes: int = 20, probe_every: int = 8,
                  max_probe_every: int = 128):
         super().__init__(costs, survival, max_nodes, probe_every, max_probe_every)
+        self.smallest = 0
 
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
-                confidence: list[list[float]]) -> None:
-        super().observe(k, accepted, propose_s, verify_s, confidence)
-        for row_accepted in accepted if k > 0 else ():
-            self.estimate.observe(k, row_accepted)
+    def expected(self) -> list[float]:
+        """E(n) of the most promising class, for each n."""
+        curves = [survival.expected(self.max_nodes) for survival in self.estimate.classes()]
+        return [max(values) for values in zip(*curves)]
+
+    def next(self) -> int:
+        k = super().next()
+        self.smallest = int(k > 0 and self.measured() and self.best_size() == 0)  # a probe step
+        return k
+
+    def nodes_for(self, match_length: int, cap: int) -> int:
+        """The nodes to verify for a row whose best match is ``match_length`` tokens long, at most ``cap``."""
+        if not self.measured():
+            return cap
+        return best_tree_size(self.estimate[match_length].expected(cap), self.costs, min(self.smallest, cap))

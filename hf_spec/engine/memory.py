@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .auto import AnswerLengths, ConfidenceCalibration
+from .auto import AnswerLengths, ConfidenceCalibration, MatchSurvival, PositionSurvival
 from .costs import Costs
 
 
@@ -17,8 +17,8 @@ class PairMemory:
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
-    lookup_survival: object = None  # prompt lookup: a hf_spec.engine.auto.PositionSurvival
-    source_survival: dict = field(default_factory=dict)  # lookup in front of a draft: a PositionSurvival per source
+    lookup_survival: MatchSurvival = field(default_factory=MatchSurvival)  # prompt lookup's, by match length
+    fallback_survival: PositionSurvival = field(default_factory=PositionSurvival)  # the draft's behind prompt lookup
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from ..engine.auto import AutoLookup, PositionSurvival
+from ..engine.auto import AutoLookup, MatchSurvival
 from ..engine.call import DecodingCall
 from ..engine.costs import Costs
 from ..engine.loop import speculative_generate
@@ -17,7 +17,8 @@ from .proposer import PromptLookupProposer
 LOOKUP_OPTIONS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
 DEFAULT_NUM_TOKENS, DEFAULT_MAX_NGRAM = 10, 2
 AUTO_NODES_PER_TOKEN = 1  # "auto" offers up to this many nodes per lookup token (measured: 20-node trees of 10-token
-# continuations cost 1.5x a plain step on this project's CPU in bf16 and their extra nodes were rarely accepted)
+# continuations cost 1.5x a plain step on this project's CPU in bf16 and their extra nodes were rarely accepted; an
+# offline replay of the 1.5B's answers found a second continuation of 10 tokens slower than none)
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
@@ -40,8 +41,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
                            target_tokenizer=target_tokenizer, own_options=LOOKUP_OPTIONS, **model_kwargs)
     num_tokens, max_ngram = lookup_settings(generation_config)
     verifier = get_verifier(tree_verifier, model.device)
-    proposer = PromptLookupProposer(call.padding_mask, call.batch_size, num_tokens, max_ngram)
     schedule = lookup_schedule(num_speculative_tokens, model, "prompt_lookup", num_tokens, cache_costs)
+    proposer = lookup_proposer(call, num_tokens, max_ngram, schedule)
     return speculative_generate(call, proposer, schedule, Acceptance(call.do_sample, tree_rules=verifier),
                                 verifier)
 
@@ -57,6 +58,16 @@ def lookup_settings(generation_config: GenerationConfig) -> tuple[int, int]:
     return num_tokens, max_ngram
 
 
+def lookup_proposer(call: DecodingCall, num_tokens: int, max_ngram: int, schedule: Schedule,
+                    survival: MatchSurvival | None = None) -> PromptLookupProposer:
+    """The proposer for ``call``: where ``schedule`` is "auto", sized per row by it and learning into its estimate;
+    else learning into ``survival`` (if given)."""
+    auto = isinstance(schedule, AutoLookup)
+    return PromptLookupProposer(call.padding_mask, call.batch_size, num_tokens, max_ngram,
+                                sizing=schedule.nodes_for if auto else None,
+                                survival=schedule.estimate if auto else survival)
+
+
 def lookup_schedule(num_speculative_tokens, target, memory_key, num_tokens: int, cache_costs: bool = True,
                     max_nodes: int | None = None, costs: Costs | None = None) -> Schedule:
     """Nodes per step: a fixed int, or "auto" (``AutoLookup`` up to ``max_nodes``, default
@@ -64,8 +75,6 @@ def lookup_schedule(num_speculative_tokens, target, memory_key, num_tokens: int,
     ``cache_costs=False``; ``costs``: the target's costs another schedule of the call measures, to share)."""
     if num_speculative_tokens == "auto":
         memory = pair_memory(target, memory_key, cache_costs)
-        if memory.lookup_survival is None:
-            memory.lookup_survival = PositionSurvival()
         largest = max_nodes or AUTO_NODES_PER_TOKEN * num_tokens
         return AutoLookup(costs or memory.costs, memory.lookup_survival, max_nodes=largest)
     if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \

@@ -1,5 +1,5 @@
 """Prompt lookup in front of another proposer (``strategy="draft"`` with ``prompt_lookup=True``): where every row's
-text has an earlier match whose continuation should bring as many tokens as the other proposer (the draft model),
+text has an earlier match whose continuation should bring tokens faster than the other proposer (the draft model),
 the lookup proposes it for free; elsewhere the other proposer does, catching up later on the tokens it skipped."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..engine.auto import PositionSurvival
 from ..engine.memory import pair_memory
 from ..engine.proposer import Proposal, Proposer
 from ..engine.schedule import Schedule
-from .generate import lookup_schedule, lookup_settings
+from .generate import lookup_proposer, lookup_schedule, lookup_settings
 from .proposer import PromptLookupProposer
 
 
@@ -21,49 +21,48 @@ def behind_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     ``num_speculative_tokens="auto"`` the lookup's chain length is "auto" too (``AutoLookup``, its estimates kept
     for (target, ``memory_key``)); else it is ``prompt_lookup_num_tokens``."""
     num_tokens, max_ngram = lookup_settings(call.generation_config)
-    lookup = PromptLookupProposer(call.padding_mask, call.batch_size, num_tokens, max_ngram)
-    vocab_size = call.model.get_output_embeddings().weight.shape[0]
     memory = pair_memory(call.model, memory_key, cache_costs)
-    proposer = LookupThenProposer(lookup, fallback, vocab_size, memory.source_survival)
     nodes = "auto" if num_speculative_tokens == "auto" else num_tokens
     shared = getattr(fallback_schedule, "costs", None)  # the target's costs, as the fallback's "auto" measures them
     schedule = lookup_schedule(nodes, call.model, memory_key, num_tokens, cache_costs, max_nodes=num_tokens,
                                costs=shared)
+    lookup = lookup_proposer(call, num_tokens, max_ngram, schedule, memory.lookup_survival)
+    vocab_size = call.model.get_output_embeddings().weight.shape[0]
+    proposer = LookupThenProposer(lookup, fallback, vocab_size, memory.fallback_survival)
     return proposer, LookupThenSchedule(proposer, schedule, fallback_schedule)
 
 
 class LookupThenProposer:
-    """Each step: the lookup's chain where every row has one (at most ``lookup_length`` tokens, shorter rows padded
-    with their last token) and it should bring at least as many tokens as ``fallback``'s proposal of ``fallback_k``
-    tokens, else that proposal (``LookupThenSchedule`` sets both lengths each step; the loop's k is their maximum).
-    What each should bring, E = 1 + s_1 + ... + s_n, comes from the acceptance by position each has realised
-    (``PositionSurvival``, the lookup's by the n-gram length of its match: a 1-gram match is a weaker guess), kept in
-    ``survival`` across calls. A chain is deterministic: under sampling its q is one-hot, so the speculative sampling
-    rule keeps the target's distribution. ``source``: who proposed last ("lookup" or "fallback")."""
+    """Each step: the lookup's chain where every live row has one (at most ``lookup_length`` tokens, shorter rows
+    padded with their last token) and it should bring tokens at least as fast as ``fallback``'s proposal of
+    ``fallback_k`` tokens, else that proposal (``LookupThenSchedule`` sets both lengths each step; the loop's k is
+    their maximum). The rate of each is E / T: E = 1 + s_1 + ... + s_n from the acceptance by position it has
+    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls with ``fallback_survival``),
+    T its measured seconds a step (``step_seconds``, this call's; the draft's include its catch-up on what the
+    lookup committed). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling rule
+    keeps the target's distribution. ``source``: who proposed last ("lookup" or "fallback")."""
 
     hidden_layers = ()
 
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
-                 survival: dict | None = None):
+                 fallback_survival: PositionSurvival | None = None):
         self.lookup, self.fallback, self.vocab_size = lookup, fallback, vocab_size
         self.name = f"{fallback.name}+lookup"
-        self.survival = survival if survival is not None else {}
+        self.fallback_survival = fallback_survival or PositionSurvival()
+        self.step_seconds: dict[str, float] = {}  # by source, smoothed
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
-        self._judged: list[tuple[object, int]] = []  # each row's (survival key, tokens proposed) at the last step
-
-    def _survival(self, key) -> PositionSurvival:
-        return self.survival.setdefault(key, PositionSurvival())
+        self._fallback_proposed = 0
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         length = min(self.lookup_length, k)
         matched = self.lookup.chain(rows, length, max_depth) if length > 0 else []
+        live = [chain for chain in matched if chain is not None]
         fallback_k = min(self.fallback_k, k, max_depth)
-        if matched and all(chain for _, chain in matched) and self._lookup_pays(matched, fallback_k):
+        if live and all(chain for _, chain in live) and self._lookup_pays(live, fallback_k):
             self.source = "lookup"
-            self._judged = [(("lookup", ngram), len(chain)) for ngram, chain in matched]
-            chains = [chain for _, chain in matched]
+            chains = [(chain or live[0])[1] for chain in matched]  # a finished row's tokens are ignored
             width = max(len(chain) for chain in chains)
             tokens = torch.tensor([chain + chain[-1:] * (width - len(chain)) for chain in chains],
                                   device=rows[0].device)
@@ -71,22 +70,34 @@ class LookupThenProposer:
             return Proposal(tokens=tokens, probs=probs)
         self.source = "fallback"
         proposal = self.fallback.propose(rows, fallback_k, logits_processor, do_sample, max_depth)
-        self._judged = [("fallback", proposal.k)] * len(rows)
+        self._fallback_proposed = proposal.k
         return proposal
 
-    def _lookup_pays(self, matched: list[tuple[int, list[int]]], fallback_k: int) -> bool:
-        """Would every row's chain bring as many tokens as the fallback's k proposals (ties: the free one)?"""
-        fallback = self._survival("fallback").expected(fallback_k)[-1]
-        return all(self._survival(("lookup", ngram)).expected(len(chain))[-1] >= fallback
-                   for ngram, chain in matched)
+    def _lookup_pays(self, live: list[tuple[int, list[int]]], fallback_k: int) -> bool:
+        """Would every row's chain bring tokens at least as fast as the fallback's k proposals (ties and unmeasured
+        times: the free one)? Against plain decoding (k = 0) the lookup's "auto" sizing has already judged."""
+        if fallback_k == 0:
+            return True
+        lookup_s = self.step_seconds.get("lookup", self.step_seconds.get("fallback", 1.0))
+        fallback_s = self.step_seconds.get("fallback", lookup_s)
+        fallback = self.fallback_survival.expected(fallback_k)[-1] / fallback_s
+        survival = self.lookup.survival
+        return all(survival[length].expected(len(chain))[-1] / lookup_s >= fallback for length, chain in live)
+
+    def observe_seconds(self, seconds: float, smoothing: float = 0.3) -> None:
+        """The last step's measured seconds (propose and verify), for its source."""
+        old = self.step_seconds.get(self.source)
+        self.step_seconds[self.source] = seconds if old is None else (1 - smoothing) * old + smoothing * seconds
 
     def advance(self, accepted: list[int], target_hidden=None) -> None:
-        for (key, proposed), row_accepted in zip(self._judged, accepted):
-            if proposed:
-                self._survival(key).observe(proposed, row_accepted)
-        self._judged = []
-        if self.source == "fallback":
-            self.fallback.advance(accepted, target_hidden)
+        if self.source == "lookup":
+            self.lookup.advance(accepted)
+            return
+        if self._fallback_proposed:
+            for row_accepted in accepted:
+                self.fallback_survival.observe(self._fallback_proposed, row_accepted)
+        self._fallback_proposed = 0
+        self.fallback.advance(accepted, target_hidden)
 
 
 class LookupThenSchedule(Schedule):
@@ -112,3 +123,5 @@ class LookupThenSchedule(Schedule):
                        else (self.fallback, self.lookup))
         took.observe(k, accepted, propose_s, verify_s, confidence)
         other.observe(0, accepted, 0.0, None, confidence)
+        if k > 0 and verify_s is not None:
+            self.proposer.observe_seconds(propose_s + verify_s)

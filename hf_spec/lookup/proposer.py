@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 from transformers import LogitsProcessorList
 
+from ..engine.auto import MatchSurvival
 from ..engine.proposer import Proposal
 from ..engine.trees import TreeBuffers, build_tree_buffers
-from .matches import best_continuation, continuation_trie
+from .matches import continuation_trie, ranked_matches
 
 
 @functools.lru_cache(maxsize=1024)
@@ -18,38 +20,60 @@ def _tree(paths: tuple[tuple[int, ...], ...]) -> TreeBuffers:
 
 class PromptLookupProposer:
     """Proposes, for each row, up to k nodes of the trie of continuations of its earlier n-gram matches
-    (``hf_spec.lookup.matches``): longest n-gram first, then the most recent; at most ``num_tokens`` deep
+    (``hf_spec.lookup.matches``: longest agreement first, then earliest); at most ``num_tokens`` deep
     (transformers' ``prompt_lookup_num_tokens``), n-grams of at most ``max_ngram`` tokens
     (``max_matching_ngram_size``). Candidates are deterministic, so the tree rules verify them exactly (greedy
     match; SpecInfer's recursive rejection with one-hot drafts when sampling).
 
-    In a batch every row verifies the same number of nodes: a row with fewer gets extra children of its root,
-    tokens no sibling has (never accepted in greedy decoding unless right, lossless when sampling). No match in
-    any row: nothing is proposed and the step is a plain one. ``last_match``: each row's best n-gram length at the
-    last proposal (0: none)."""
+    ``sizing(match_length, k)``: the nodes a row whose best match has that length gets (``AutoLookup.nodes_for``;
+    default k). ``survival``: learns, from each step, the acceptance by position of matches by length
+    (``MatchSurvival``). In a batch every row verifies the same number of nodes: a row with fewer gets extra
+    children of its root, tokens no sibling has (never accepted in greedy decoding unless right, lossless when
+    sampling); a row that has finished (its text did not grow since the last step) gets none of its own. No
+    match in any row: nothing is proposed and the step is a plain one."""
 
     name = "prompt_lookup"
     hidden_layers = ()
 
     def __init__(self, padding_mask: torch.Tensor | None, batch_size: int = 1, num_tokens: int = 10,
-                 max_ngram: int = 2):
+                 max_ngram: int = 2, sizing: Callable[[int, int], int] | None = None,
+                 survival: MatchSurvival | None = None):
         self.pads = [0] * batch_size if padding_mask is None else (padding_mask == 0).sum(1).tolist()
         self.num_tokens, self.max_ngram = num_tokens, max_ngram
-        self.last_match = [0] * batch_size
+        self.sizing, self.survival = sizing, survival
+        self.lengths = [-1] * batch_size  # each row's text length at the last proposal
+        self.proposed = [(0, 0)] * batch_size  # each row's (match length, nodes of its own) at the last proposal
 
     def _text(self, rows: list[torch.LongTensor], r: int) -> torch.LongTensor:
         return rows[r][0, self.pads[r]:]
 
+    def _matches(self, rows: list[torch.LongTensor]) -> list[tuple[torch.LongTensor, list[tuple[int, int]] | None]]:
+        """Each row's text and ranked matches; None for a row that has finished."""
+        found = []
+        for r in range(len(rows)):
+            text = self._text(rows, r)
+            live, self.lengths[r] = text.shape[0] != self.lengths[r], text.shape[0]
+            found.append((text, ranked_matches(text, self.max_ngram) if live else None))
+        return found
+
+    def _budget(self, matches: list[tuple[int, int]], k: int) -> int:
+        if not matches or k < 1:
+            return 0
+        return k if self.sizing is None else self.sizing(matches[0][0], k)
+
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         depth = min(self.num_tokens, max_depth)
-        tries = [continuation_trie(self._text(rows, r), self.max_ngram, depth, k) for r in range(len(rows))]
-        self.last_match = [match for _, _, match in tries]
-        nodes = max(len(paths) for paths, _, _ in tries)
+        tries = []
+        for r, (text, matches) in enumerate(self._matches(rows)):
+            matches = matches or []
+            tries.append(continuation_trie(text, matches, depth, self._budget(matches, k)))
+            self.proposed[r] = (matches[0][0] if matches else 0, len(tries[-1][0]))
+        nodes = max(len(paths) for paths, _ in tries)
         if nodes == 0:
             return Proposal(tokens=rows[0].new_empty(len(rows), 0))
         trees, tokens = [], []
-        for paths, node_tokens, _ in tries:
+        for paths, node_tokens in tries:
             paths, node_tokens = _padded(paths, node_tokens, nodes)
             tree = _tree(tuple(paths))
             by_path = dict(zip(paths, node_tokens))
@@ -60,14 +84,30 @@ class PromptLookupProposer:
             return Proposal(tokens=tokens, tree=trees[0])
         return Proposal(tokens=tokens, row_trees=tuple(trees))
 
-    def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[tuple[int, list[int]]]:
-        """Each row's best match's n-gram length and continuation, at most k tokens and ``max_depth`` deep (a chain,
-        for a draft to fall back on where it is empty)."""
-        length = min(k, self.num_tokens, max_depth)
-        return [best_continuation(self._text(rows, r), self.max_ngram, length) for r in range(len(rows))]
+    def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[tuple[int, list[int]] | None]:
+        """Each row's best match's length and continuation, at most k tokens (or what ``sizing`` gives) and
+        ``max_depth`` deep (a chain, for a draft to fall back on where it is empty; ``advance`` learns from it as
+        from a proposal); None for a row that has finished."""
+        depth = min(self.num_tokens, max_depth)
+        chains = []
+        for r, (text, matches) in enumerate(self._matches(rows)):
+            if matches is None:
+                chains.append(None)
+                self.proposed[r] = (0, 0)
+                continue
+            budget = min(self._budget(matches, k), depth)
+            position = matches[0][1] if matches else 0
+            chains.append((matches[0][0] if matches else 0, text[position + 1 : position + 1 + budget].tolist()))
+            self.proposed[r] = (chains[-1][0], len(chains[-1][1]))
+        return chains
 
     def advance(self, accepted: list[int], target_hidden=None) -> None:
-        """Nothing to keep: the next proposal reads the committed tokens afresh."""
+        """What each row's proposal realised goes to ``survival``; the next proposal reads the committed tokens
+        afresh."""
+        for (match_length, nodes), row_accepted in zip(self.proposed, accepted):
+            if nodes and self.survival is not None:
+                self.survival[match_length].observe(nodes, row_accepted)
+        self.proposed = [(0, 0)] * len(self.proposed)
 
 
 def _padded(paths: list[tuple[int, ...]], tokens: list[int], nodes: int):
