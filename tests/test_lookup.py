@@ -10,8 +10,10 @@ from test_sampling_distribution import ALPHA, DRAWS, NEW_TOKENS, SAMPLING, VOCAB
     chi_square_p_value, exact_joint
 
 import hf_spec
+from hf_spec.bench.lookup_replay import first_match, replay
 from hf_spec.engine.auto import AutoLookup, MatchSurvival, PositionSurvival
 from hf_spec.engine.costs import Costs
+from hf_spec.lookup.hybrid import LookupThenProposer
 from hf_spec.lookup.matches import CONTEXT, continuation_trie, ranked_matches
 from hf_spec.lookup.proposer import PromptLookupProposer
 from hf_spec.testing import tiny_causal_lm
@@ -67,6 +69,15 @@ def test_each_row_gets_the_nodes_its_match_earns_and_the_survival_learns_from_th
     rows = [torch.cat([rows[0], torch.tensor([[7, 8, 9]])], 1), rows[1]]  # row 1 did not grow: it has finished
     proposer.propose(rows, 4, None, False, max_depth=10)
     assert proposer.proposed[1] == (0, 0)
+
+
+def test_the_replay_scores_each_ranking_on_a_known_answer():
+    # the prompt ends with (1, 2): at i = 1 (earliest, agreeing 2 tokens back) and at i = 5 (agreeing 3: 8, 1, 2);
+    # the answer goes on as the later one did (4), then differs (0)
+    tokens = [1, 2, 3, 8, 1, 2, 4, 8, 1, 2, 4, 0]
+    assert replay(tokens, 10, "transformers") == (2, 2)  # guesses 3: wrong, then (2, 4)'s 8: wrong
+    assert replay(tokens, 10, "most recent") == (2, 1) and replay(tokens, 10, "hf-spec") == (2, 1)
+    assert first_match([], 2, "hf-spec") is None
 
 
 # --- greedy: what plain generate() returns ---
@@ -139,6 +150,21 @@ def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, dr
                     num_speculative_tokens=2, prompt_lookup=True)
     stats = hf_spec.last_stats()
     assert stats.accepted > 0 and 2 in stats.k_per_step and any(k > 2 for k in stats.k_per_step)
+
+
+def test_the_hybrid_tries_a_match_class_it_has_not_seen_even_against_a_good_draft():
+    """The choice between proposers observes only the one it picks: an unseen lookup class is taken at its
+    optimistic estimate (else a draft that outbids the prior would starve it), a class seen to fail is not."""
+    draft_survival = PositionSurvival()
+    for _ in range(200):
+        draft_survival.observe(3, 2)  # a good draft: two of three accepted
+    draft = type("Draft", (), {"name": "draft"})()
+    proposer = LookupThenProposer(PromptLookupProposer(None, survival=MatchSurvival()), draft, 16, draft_survival)
+    chain = list(range(10))
+    assert proposer._lookup_pays([(5, chain)], 3)  # unseen class: tried
+    for _ in range(100):
+        proposer.lookup.survival[5].observe(10, 0)
+    assert not proposer._lookup_pays([(5, chain)], 3) and proposer._lookup_pays([(5, chain)], 0)
 
 
 def test_stop_at_eos_and_max_length_as_plain(target, tokenizer):
@@ -233,6 +259,9 @@ def test_position_survival_learns_the_acceptance_by_position():
         survival.observe(proposed=4, accepted=0)  # only position 1 is judged, and rejected: the old record fades
     expected = survival.expected(4)
     assert expected[1] < 1.1 and expected[4] - expected[1] < 0.1
+    assert survival.expected(1, optimistic=True)[1] == pytest.approx(expected[1], abs=0.02)  # a long record
+    fresh = PositionSurvival(prior=0.5, prior_weight=2.0)
+    assert fresh.expected(1, optimistic=True)[1] == pytest.approx(1.5 + 0.5 ** 0.5 / 2)  # one standard error up
 
 
 FLAT = {1: 1.0, 2: 1.0, 5: 1.0, 9: 1.0, 11: 1.0}  # verification costs the same for 1 to 11 tokens

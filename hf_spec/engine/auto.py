@@ -378,12 +378,17 @@ class PositionSurvival:
         for i in range(judged):
             count_with_fading(self.accepted, self.seen, i, i < accepted, self.memory)
 
-    def expected(self, max_positions: int) -> list[float]:
-        """E(n) for n = 0 .. max_positions."""
+    def expected(self, max_positions: int, optimistic: bool = False) -> list[float]:
+        """E(n) for n = 0 .. max_positions; ``optimistic``: each a_i one standard error higher (at most 1), so that a
+        position with a short record is taken at better than its mean (and gets tried, where a choice between
+        proposers would otherwise never observe it again)."""
         self._grow(max_positions)
         expected, survival = [1.0], 1.0
         for i in range(max_positions):
-            survival *= self.accepted[i] / self.seen[i]
+            rate = self.accepted[i] / self.seen[i]
+            if optimistic:
+                rate = min(rate + math.sqrt(rate * (1 - rate) / self.seen[i]), 1.0)
+            survival *= rate
             expected.append(expected[-1] + survival)
         return expected
 

@@ -37,7 +37,8 @@ class LookupThenProposer:
     padded with their last token) and it should bring tokens at least as fast as ``fallback``'s proposal of
     ``fallback_k`` tokens, else that proposal (``LookupThenSchedule`` sets both lengths each step; the loop's k is
     their maximum). The rate of each is E / T: E = 1 + s_1 + ... + s_n from the acceptance by position it has
-    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls with ``fallback_survival``),
+    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls with ``fallback_survival``;
+    each one standard error optimistic, so that a match class the draft outbids at its prior still gets tried),
     T its measured seconds a step (``step_seconds``, this call's; the draft's include its catch-up on what the
     lookup committed). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling rule
     keeps the target's distribution. ``source``: who proposed last ("lookup" or "fallback")."""
@@ -80,9 +81,10 @@ class LookupThenProposer:
             return True
         lookup_s = self.step_seconds.get("lookup", self.step_seconds.get("fallback", 1.0))
         fallback_s = self.step_seconds.get("fallback", lookup_s)
-        fallback = self.fallback_survival.expected(fallback_k)[-1] / fallback_s
+        fallback = self.fallback_survival.expected(fallback_k, optimistic=True)[-1] / fallback_s
         survival = self.lookup.survival
-        return all(survival[length].expected(len(chain))[-1] / lookup_s >= fallback for length, chain in live)
+        return all(survival[length].expected(len(chain), optimistic=True)[-1] / lookup_s >= fallback
+                   for length, chain in live)
 
     def observe_seconds(self, seconds: float, smoothing: float = 0.3) -> None:
         """The last step's measured seconds (propose and verify), for its source."""

@@ -81,7 +81,9 @@ class PromptLookupProposer:
             tokens.append([by_path[path] for path in tree.paths])  # block order
         tokens = torch.tensor(tokens, dtype=torch.long, device=rows[0].device)
         if len(rows) == 1:
-            return Proposal(tokens=tokens, tree=trees[0])
+            # one continuation, greedy: verified as a chain (no tree mask; the chain rule samples with a q)
+            is_chain = not do_sample and all(set(path) == {0} for path in trees[0].paths)
+            return Proposal(tokens=tokens) if is_chain else Proposal(tokens=tokens, tree=trees[0])
         return Proposal(tokens=tokens, row_trees=tuple(trees))
 
     def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[tuple[int, list[int]] | None]:
