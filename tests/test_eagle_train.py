@@ -11,6 +11,7 @@ from hf_spec.eagle.proposer import EagleProposer
 from hf_spec.prompts import Prompt
 from hf_spec.testing import tiny_causal_lm
 from hf_spec.token_map import TokenMap
+from hf_spec.training import optimization
 from hf_spec.training.data import Continuation, SelfDistillation, collect_hidden_states, self_distill
 from hf_spec.training.eagle import (Batch, EagleTrainConfig, draft_index, draft_ranks, evaluate_draft, most_frequent_tokens,
                                     new_eagle_draft, step_losses, train_draft, train_eagle, unrolled)
@@ -248,3 +249,15 @@ def test_the_speculators_package_reads_the_export(tmp_path, monkeypatch):
 
 if __name__ == "__main__":  # rewrite the export tox -e speculators validates, and its verifier
     write_tiny_speculators_export(SPECULATORS_EXPORT, SPECULATORS_EXPORT.parent / "speculators-verifier")
+
+
+def test_checkpoints_come_every_n_steps_at_the_last_and_whenever_minutes_pass(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(optimization.time, "monotonic", lambda: now[0])
+    clock = optimization.CheckpointClock(every=10, last=25, minutes=1.0)
+    due = []
+    for step in range(1, 26):
+        now[0] += 7.0  # seconds a step
+        if clock.due(step):
+            due.append(step)
+    assert due == [9, 10, 19, 20, 25]  # 63 s after the start, every 10, 63 s after step 10, every 10, the last

@@ -47,7 +47,8 @@ from ..engine.trees import MC_SIM_7B_63, build_tree_buffers, prefix_closed_order
 from ..token_map import TokenMap
 from .data import IGNORE, Continuation, SelfDistillation, frozen_model, spread, training_positions
 from .medusa_evaluation import NO_TARGET, NOT_IN_TOP_K, Evaluation, accuracy_from_ranks, replayed_tokens_per_step
-from .optimization import epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint
+from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule,
+                           save_checkpoint)
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -65,6 +66,7 @@ class EagleTrainConfig:
     bf16: bool = False  # matmuls in bfloat16 (torch.autocast), weights and losses in float32
     warmup_steps: int = 20
     checkpoint_every: int = 100
+    checkpoint_minutes: float = 10.0  # and at least this often
     seed: int = 0
 
     def __post_init__(self):
@@ -235,6 +237,7 @@ def train_draft(draft: EagleDraft, embedding: nn.Module, data: list[Continuation
     if resume:
         step, log = load_checkpoint(checkpoint, "draft", draft, optimizer, schedule)
     last = min(total_steps, max_steps) if max_steps is not None else total_steps
+    clock = CheckpointClock(config.checkpoint_every, last, config.checkpoint_minutes)
     bar = tqdm(total=last, initial=step, desc="training the EAGLE draft", unit="step", disable=not progress)
     draft.train()
     order, order_epoch = None, None
@@ -256,7 +259,7 @@ def train_draft(draft: EagleDraft, embedding: nn.Module, data: list[Continuation
         log.append(entry)
         bar.update(1)
         bar.set_postfix(loss=f"{entry['loss']:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
-        if checkpoint is not None and (step % config.checkpoint_every == 0 or step == last):
+        if checkpoint is not None and clock.due(step):
             save_checkpoint(checkpoint, "draft", draft, optimizer, schedule, step, log, asdict(config))
     bar.close()
     draft.eval()

@@ -31,7 +31,8 @@ from ..medusa.heads import MedusaHeads
 from ..medusa.loading import load_medusa_heads
 from .data import IGNORE, HiddenStates, SelfDistillation, frozen_model
 from .medusa_evaluation import evaluate_heads
-from .optimization import epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint
+from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule,
+                           save_checkpoint)
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -51,6 +52,7 @@ class TrainConfig:
     bf16: bool = False  # matmuls in bfloat16 (torch.autocast), weights and losses in float32
     warmup_steps: int = 20
     checkpoint_every: int = 200
+    checkpoint_minutes: float = 10.0  # and at least this often
     seed: int = 0
 
     def __post_init__(self):
@@ -169,6 +171,7 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
     if resume:
         step, log = load_checkpoint(checkpoint, "heads", heads, optimizer, schedule)
     last = min(total_steps, max_steps) if max_steps is not None else total_steps
+    clock = CheckpointClock(config.checkpoint_every, last, config.checkpoint_minutes)
     bar = tqdm(total=last, initial=step, desc="training heads", unit="step", disable=not progress)
     with _bfloat16_lm_heads(heads, base_lm_head) if config.bf16 else nullcontext(base_lm_head) as base_lm_head:
         heads.train()
@@ -197,7 +200,7 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
             log.append(entry)
             bar.update(1)
             bar.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{a:.2f}" for a in entry["top1"]))
-            if checkpoint is not None and (step % config.checkpoint_every == 0 or step == last):
+            if checkpoint is not None and clock.due(step):
                 save_checkpoint(checkpoint, "heads", heads, optimizer, schedule, step, log, asdict(config))
     bar.close()
     heads.eval()

@@ -3,6 +3,7 @@ seed and the epoch only, and a checkpoint written atomically that ``--resume`` c
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -43,6 +44,21 @@ def save_checkpoint(path: Path, key: str, module: nn.Module, optimizer, schedule
     partial = path.with_suffix(".tmp")
     torch.save(state, partial)
     partial.replace(path)  # a crash mid-write leaves the previous checkpoint intact
+
+
+class CheckpointClock:
+    """When a trainer writes its checkpoint: every ``every`` steps, at the ``last`` step, and whenever ``minutes``
+    have passed since the last one (so that a slow run, e.g. a large draft on a CPU, loses at most that much)."""
+
+    def __init__(self, every: int, last: int, minutes: float = 10.0):
+        self.every, self.last, self.seconds = every, last, 60.0 * minutes
+        self.since = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        if step % self.every == 0 or step == self.last or time.monotonic() - self.since >= self.seconds:
+            self.since = time.monotonic()
+            return True
+        return False
 
 
 def load_checkpoint(path: Path | None, key: str, module: nn.Module, optimizer, schedule) -> tuple[int, list[dict]]:
