@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .auto import AnswerLengths, ConfidenceCalibration, MatchSurvival, PositionSurvival
+from .auto import AnswerLengths, ConfidenceCalibration, MatchSurvival
 from .costs import Costs
 
 
@@ -18,7 +18,6 @@ class PairMemory:
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
     lookup_survival: MatchSurvival = field(default_factory=MatchSurvival)  # prompt lookup's, by match length
-    fallback_survival: PositionSurvival = field(default_factory=PositionSurvival)  # the draft's behind prompt lookup
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:

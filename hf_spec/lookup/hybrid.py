@@ -13,6 +13,8 @@ from ..engine.schedule import Schedule
 from .generate import lookup_proposer, lookup_schedule, lookup_settings
 from .proposer import PromptLookupProposer
 
+FALLBACK_MEMORY = 24.0  # the draft's acceptance by position follows about this many of its recent steps
+
 
 def behind_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, memory_key,
                          num_speculative_tokens, cache_costs: bool = True) -> tuple["LookupThenProposer", Schedule]:
@@ -28,7 +30,7 @@ def behind_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
                                costs=shared)
     lookup = lookup_proposer(call, num_tokens, max_ngram, schedule, memory.lookup_survival)
     vocab_size = call.model.get_output_embeddings().weight.shape[0]
-    proposer = LookupThenProposer(lookup, fallback, vocab_size, memory.fallback_survival)
+    proposer = LookupThenProposer(lookup, fallback, vocab_size)
     return proposer, LookupThenSchedule(proposer, schedule, fallback_schedule)
 
 
@@ -37,8 +39,9 @@ class LookupThenProposer:
     padded with their last token) and it should bring tokens at least as fast as ``fallback``'s proposal of
     ``fallback_k`` tokens, else that proposal (``LookupThenSchedule`` sets both lengths each step; the loop's k is
     their maximum). The rate of each is E / T: E = 1 + s_1 + ... + s_n from the acceptance by position it has
-    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls with ``fallback_survival``;
-    each one standard error optimistic, so that a match class the draft outbids at its prior still gets tried),
+    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's
+    recent steps, ``fallback_survival``, as a draft's acceptance follows the text: 98% in a math answer, 40% in a
+    story; each one standard error optimistic, so that a match class the draft outbids at its prior gets tried),
     T its measured seconds a step (``step_seconds``, this call's; the draft's include its catch-up on what the
     lookup committed). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling rule
     keeps the target's distribution. ``source``: who proposed last ("lookup" or "fallback")."""
@@ -49,7 +52,7 @@ class LookupThenProposer:
                  fallback_survival: PositionSurvival | None = None):
         self.lookup, self.fallback, self.vocab_size = lookup, fallback, vocab_size
         self.name = f"{fallback.name}+lookup"
-        self.fallback_survival = fallback_survival or PositionSurvival()
+        self.fallback_survival = fallback_survival or PositionSurvival(memory=FALLBACK_MEMORY)
         self.step_seconds: dict[str, float] = {}  # by source, smoothed
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
