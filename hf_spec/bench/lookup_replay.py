@@ -96,7 +96,7 @@ def main(argv=None) -> None:
         if args.answers is not None:
             args.answers.write_text(json.dumps(answers))
     results = {ranking: tokens_per_step(answers, ranking, args.max_ngram, args.num_tokens) for ranking in RANKINGS}
-    categories = list(results[RANKINGS[0]])
+    categories = [key for key in results[RANKINGS[0]] if key != "all"] + ["all"]
     print(f"{'tokens/step':<16}" + "".join(f"{ranking:>14}" for ranking in RANKINGS))
     for category in categories:
         print(f"{category:<16}" + "".join(f"{results[ranking][category]:>14.2f}" for ranking in RANKINGS))

@@ -8,7 +8,7 @@ last n tokens occurred: x[i - n + 1 .. i] == x[S - n .. S - 1], 1 <= n <= ``max_
 Matches are ranked longest first, then earliest first. transformers' prompt lookup takes the earliest match of the
 longest n-gram; ranking by the agreement behind the n-gram finds the passage being copied. Measured on the 1.5B
 target's own greedy answers to 21 Spec-Bench questions (docs/benchmarks.md, "Prompt lookup against transformers'"),
-the first continuation then brings 1.60 tokens a step (longest then earliest), against 1.58 (transformers'
+the first continuation then brings 1.59 tokens a step (longest then earliest), against 1.57 (transformers'
 earliest) and 1.54 (most recent first): summaries and RAG answers copy the document, which comes first. The
 continuations are merged into a trie, in rank order, until it holds ``budget`` nodes: the first continuation is a
 chain, the next ones add the branches where they differ.
