@@ -242,6 +242,7 @@ class AutoTree(Schedule):
         self.costs, self.accuracy, self.paths = costs, accuracy, list(paths)
         self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
         self.probe_every, self.plain_streak = probe_every, 0
+        self.probing = False  # the last step chosen is a probe (plain decoding would have won)
 
     def expected(self) -> list[float]:
         """E(n), the tokens a step verifying n nodes should bring, for n = 0 .. the largest size."""
@@ -258,6 +259,7 @@ class AutoTree(Schedule):
         return best_tree_size(self.expected(), self.costs, smallest)
 
     def next(self) -> int:
+        self.probing = False
         if 1 not in self.costs.verify:
             return 0  # measure plain decoding first
         if not self.measured():
@@ -269,6 +271,7 @@ class AutoTree(Schedule):
         self.plain_streak += 1
         if self.plain_streak == self.probe_every:
             self.plain_streak, self.probe_every = 0, min(2 * self.probe_every, self.max_probe_every)
+            self.probing = True
             return self.best_size(smallest=1)
         return 0
 
@@ -422,20 +425,14 @@ class AutoLookup(AutoNodes):
     def __init__(self, costs: Costs, survival: MatchSurvival, max_nodes: int = 20, probe_every: int = 8,
                  max_probe_every: int = 128):
         super().__init__(costs, survival, max_nodes, probe_every, max_probe_every)
-        self.smallest = 0
 
     def expected(self) -> list[float]:
         """E(n) of the most promising class, for each n."""
         curves = [survival.expected(self.max_nodes) for survival in self.estimate.classes()]
         return [max(values) for values in zip(*curves)]
 
-    def next(self) -> int:
-        k = super().next()
-        self.smallest = int(k > 0 and self.measured() and self.best_size() == 0)  # a probe step
-        return k
-
     def nodes_for(self, match_length: int, cap: int) -> int:
         """The nodes to verify for a row whose best match is ``match_length`` tokens long, at most ``cap``."""
         if not self.measured():
             return cap
-        return best_tree_size(self.estimate[match_length].expected(cap), self.costs, min(self.smallest, cap))
+        return best_tree_size(self.estimate[match_length].expected(cap), self.costs, min(int(self.probing), cap))
