@@ -13,6 +13,7 @@ import hf_spec
 from hf_spec.bench.lookup_replay import first_match, replay
 from hf_spec.engine.auto import AutoLookup, MatchSurvival, PositionSurvival
 from hf_spec.engine.costs import Costs
+from hf_spec.engine.proposer import Proposal
 from hf_spec.lookup.hybrid import LookupThenProposer
 from hf_spec.lookup.matches import CONTEXT, continuation_trie, ranked_matches
 from hf_spec.lookup.proposer import PromptLookupProposer
@@ -152,19 +153,80 @@ def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, dr
     assert stats.accepted > 0 and 2 in stats.k_per_step and any(k > 2 for k in stats.k_per_step)
 
 
-def test_the_hybrid_tries_a_match_class_it_has_not_seen_even_against_a_good_draft():
-    """The choice between proposers observes only the one it picks: an unseen lookup class is taken at its
-    optimistic estimate (else a draft that outbids the prior would starve it), a class seen to fail is not."""
+def _good_draft_behind_lookup() -> LookupThenProposer:
     draft_survival = PositionSurvival()
     for _ in range(200):
         draft_survival.observe(3, 2)  # a good draft: two of three accepted
     draft = type("Draft", (), {"name": "draft"})()
-    proposer = LookupThenProposer(PromptLookupProposer(None, survival=MatchSurvival()), draft, 16, draft_survival)
+    return LookupThenProposer(PromptLookupProposer(None, survival=MatchSurvival()), draft, 16, draft_survival)
+
+
+def test_the_hybrid_tries_a_match_class_it_has_not_seen_even_against_a_good_draft():
+    """The choice between proposers observes only the one it picks: an unseen lookup class is taken at its
+    optimistic estimate (else a draft that outbids the prior would starve it), a class seen to fail is not."""
+    proposer = _good_draft_behind_lookup()
     chain = list(range(10))
-    assert proposer._lookup_pays([(5, chain)], 3)  # unseen class: tried
+    assert proposer._choose([(5, chain)], 3, both=False) == "lookup"  # unseen class: tried
     for _ in range(100):
         proposer.lookup.survival[5].observe(10, 0)
-    assert not proposer._lookup_pays([(5, chain)], 3) and proposer._lookup_pays([(5, chain)], 0)
+    assert proposer._choose([(5, chain)], 3, both=False) == "fallback"
+    assert proposer._choose([(5, chain)], 0, both=False) == "lookup"
+    assert proposer._choose([(5, chain), (5, [])], 3, both=False) == "fallback"  # a live row without a match
+
+
+def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
+    """Both in one tree bring at least what either brings: before any time is measured they are taken over the
+    draft alone. Then E / T decides: the lookup alone skips the draft's time, where its match is a sure copy; both,
+    where the lookup's tokens are worth a slightly wider verification; the draft alone, where they are not."""
+    proposer = _good_draft_behind_lookup()  # the draft: positions 1 and 2 accepted, 3 not
+    chain = list(range(10))
+    assert proposer._choose([(1, chain)], 3, both=True) == "both"
+    assert proposer._choose([(1, chain), (1, [])], 3, both=True) == "both"  # rows without a match: the draft's
+    for _ in range(100):
+        proposer.lookup.survival[30].observe(10, 8)  # a sure copy
+    proposer.step_seconds, proposer.verify_seconds = {"fallback": 0.4, "both": 0.42}, 0.25
+    assert proposer._choose([(30, chain)], 3, both=True) == "lookup"
+    for accepted in (0, 3) * 50:
+        proposer.lookup.survival[1].observe(10, accepted)  # half the time right up to position 3
+    proposer.step_seconds = {"fallback": 0.26, "both": 0.27}
+    assert proposer._choose([(1, chain)], 3, both=True) == "both"
+    for _ in range(100):
+        proposer.lookup.survival[2].observe(10, 0)  # a class that fails: its nodes are not worth their time
+    assert proposer._choose([(2, chain)], 3, both=True) == "fallback"
+
+
+def test_the_tree_of_both_branches_where_they_differ_and_tells_whose_tokens_were_kept():
+    proposer = _good_draft_behind_lookup()
+    drafted = Proposal(tokens=torch.tensor([[1, 2, 3], [1, 2, 3], [4, 5, 6]]))
+    both = proposer._union(drafted, [[1, 2, 7, 8], [1, 2, 3, 9], []], do_sample=False)
+    trees = both.row_trees
+    # row 0: the draft's chain, the lookup's 7, 8 below the shared 1, 2; row 1: the lookup's 9 continues the chain;
+    # row 2: no match, the draft's chain and root children to fill the same 5 nodes
+    assert [dict(zip(t.paths, row)) for t, row in zip(trees, both.tokens.tolist())] == [
+        {(0,): 1, (0, 0): 2, (0, 0, 0): 3, (0, 0, 1): 7, (0, 0, 1, 0): 8},
+        {(0,): 1, (0, 0): 2, (0, 0, 0): 3, (0, 0, 0, 0): 9, (1,): 0},
+        {(0,): 4, (0, 0): 5, (0, 0, 0): 6, (1,): 0, (2,): 1}]
+    block = [{path: i + 1 for i, path in enumerate(t.paths)} for t in trees]
+    both.kept = [[0, block[0][(0,)], block[0][(0, 0)], block[0][(0, 0, 1)]],  # the lookup's branch: 1, 2, 7
+                 [0, block[1][(0,)], block[1][(0, 0)], block[1][(0, 0, 0)], block[1][(0, 0, 0, 0)]],
+                 []]  # a finished row
+    assert proposer.accepted_by_source() == ([2, 3], [3, 4])
+    one = proposer._union(Proposal(tokens=torch.tensor([[1, 2]])), [[1, 2, 3]], False)
+    assert one.tree is None and one.tokens.tolist() == [[1, 2, 3]]  # one row, one chain: verified as a chain
+
+
+def test_draft_and_lookup_in_one_tree_equal_plain_generate(target, drafts, tokenizer, monkeypatch):
+    sources, advance = [], LookupThenProposer.advance
+    monkeypatch.setattr(LookupThenProposer, "advance",
+                        lambda self, *args: (sources.append(self.source), advance(self, *args)))
+    inputs = tokenizer(["abcabcabc", "def fib(n): fib", "x"], return_tensors="pt", padding=True)
+    expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    for draft in ("partly", "never"):
+        out = target.generate(**inputs, max_new_tokens=30, do_sample=False, strategy="draft",
+                              draft_model=drafts[draft], num_speculative_tokens=3, prompt_lookup=True,
+                              prompt_lookup_num_tokens=4)
+        assert torch.equal(out, expected), draft
+    assert "both" in sources
 
 
 def test_stop_at_eos_and_max_length_as_plain(target, tokenizer):

@@ -39,10 +39,10 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     draft_vocab_size: the draft scores only this many target ids (its output layer restricted to them), plus the
     end-of-sequence ids and every token of the prompts: cheaper proposals, the same output. The ids are the
     lowest, which byte-level BPE tokenizers give their most frequent pieces. None: the whole vocabulary.
-    prompt_lookup: prompt lookup in front of the draft (``hf_spec.lookup.hybrid``): where every row's text has an
-    earlier match of its last tokens, the match's continuation is proposed (``prompt_lookup_num_tokens``, default
-    10, ``max_matching_ngram_size``, default 2; with "auto", as many as the lookup's realised acceptance pays for)
-    and the draft does not run; elsewhere the draft proposes.
+    prompt_lookup: prompt lookup beside the draft (``hf_spec.lookup.hybrid``): each step, the continuation of an
+    earlier match of each row's last tokens (``prompt_lookup_num_tokens``, default 10, ``max_matching_ngram_size``,
+    default 2; with "auto", as many as the lookup's realised acceptance pays for) alone, the draft's proposals
+    alone, or (greedy) both in one tree, whichever the realised acceptance and measured times say is fastest.
     token_streamer, target_tokenizer, draft_tokenizer: what ``generate()`` calls ``streamer``, ``tokenizer``
     and ``assistant_tokenizer`` (``strategy=`` renames them: transformers does not hand those to
     custom_generate callables). ``stop_strings`` need ``target_tokenizer``; the two tokenizers, when

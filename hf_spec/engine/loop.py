@@ -104,6 +104,7 @@ class _Decoding:
         with self.timer("verify_s"):
             block_start, output = self.verify(proposal)
         kept, accepted = self.accept_and_commit(proposal, output.logits)
+        proposal.kept = kept
         if self.call.batch_size > 1:
             self.stats.k_per_step.append(proposal.k)
         # None: no forward was timed, or the one timed carried the prompt too (not a verification's cost)

@@ -27,6 +27,9 @@ class Proposal:
     probs: torch.Tensor | None = None  # [batch, k, vocab] q for sampled chains; None for greedy or deterministic
     tree: TreeBuffers | None = None
     row_trees: tuple[TreeBuffers, ...] | None = None
+    # set by the loop once verified: each row's kept block indices, root first ([] for a finished row), for a
+    # proposer whose tree merges several sources and must tell which one each row's path went through
+    kept: list[list[int]] | None = None
 
     def row(self, r: int) -> "Proposal":
         """Row r's proposal: tokens [1, k], probs [k, vocab], its tree."""

@@ -1,17 +1,18 @@
-"""Prompt lookup in front of another proposer (``strategy="draft"`` with ``prompt_lookup=True``): where every row's
-text has an earlier match whose continuation should bring tokens faster than the other proposer (the draft model),
-the lookup proposes it for free; elsewhere the other proposer does, catching up later on the tokens it skipped."""
+"""Prompt lookup beside another proposer (``strategy="draft"`` with ``prompt_lookup=True``): each step the lookup's
+continuation alone (free: the draft does not run, and catches up later on the tokens it skipped), the other
+proposer's alone, or, under greedy decoding, both in one tree; whichever should bring tokens fastest."""
 from __future__ import annotations
 
 import torch
 from transformers import LogitsProcessorList
 
 from ..engine.auto import PositionSurvival
+from ..engine.costs import Costs
 from ..engine.memory import pair_memory
 from ..engine.proposer import Proposal, Proposer
 from ..engine.schedule import Schedule
 from .generate import lookup_proposer, lookup_schedule, lookup_settings
-from .proposer import PromptLookupProposer
+from .proposer import PromptLookupProposer, trie_proposal
 
 FALLBACK_MEMORY = 24.0  # the draft's acceptance by position follows about this many of its recent steps
 
@@ -31,20 +32,24 @@ def behind_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     lookup = lookup_proposer(call, num_tokens, max_ngram, schedule, memory.lookup_survival)
     vocab_size = call.model.get_output_embeddings().weight.shape[0]
     proposer = LookupThenProposer(lookup, fallback, vocab_size)
-    return proposer, LookupThenSchedule(proposer, schedule, fallback_schedule)
+    return proposer, LookupThenSchedule(proposer, schedule, fallback_schedule, shared)
 
 
 class LookupThenProposer:
-    """Each step: the lookup's chain where every live row has one (at most ``lookup_length`` tokens, shorter rows
-    padded with their last token) and it should bring tokens at least as fast as ``fallback``'s proposal of
-    ``fallback_k`` tokens, else that proposal (``LookupThenSchedule`` sets both lengths each step; the loop's k is
-    their maximum). The rate of each is E / T: E = 1 + s_1 + ... + s_n from the acceptance by position it has
-    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's
-    recent steps, ``fallback_survival``, as a draft's acceptance follows the text: 98% in a math answer, 40% in a
-    story; each one standard error optimistic, so that a match class the draft outbids at its prior gets tried),
-    T its measured seconds a step (``step_seconds``, this call's; the draft's include its catch-up on what the
-    lookup committed). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling rule
-    keeps the target's distribution. ``source``: who proposed last ("lookup" or "fallback")."""
+    """Each step, one of three proposals: the lookup's chain alone, where every live row has one (at most
+    ``lookup_length`` tokens, shorter rows padded with their last token; the draft does not run); ``fallback``'s
+    proposal of ``fallback_k`` tokens alone; or, under greedy decoding, both as one tree per row (``_union``: the
+    draft's chain, and the lookup's continuation branching off where it differs), whose longest accepted path
+    wins (``LookupThenSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen
+    brings tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has realised
+    (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
+    ``fallback_survival``, as a draft's acceptance follows the text: 98% in a math answer, 40% in a story; each one
+    standard error optimistic, so that a match class the draft outbids at its prior gets tried; for both, position
+    i survives where either does, taken as independent), T its measured seconds a step (``step_seconds``, this
+    call's; the draft's include its catch-up on what the lookup committed; the lookup's, until measured, the
+    verification's). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling rule
+    keeps the target's distribution; the tree of both is proposed under greedy decoding only, as the draft's
+    sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback" or "both")."""
 
     hidden_layers = ()
 
@@ -54,65 +59,125 @@ class LookupThenProposer:
         self.name = f"{fallback.name}+lookup"
         self.fallback_survival = fallback_survival or PositionSurvival(memory=FALLBACK_MEMORY)
         self.step_seconds: dict[str, float] = {}  # by source, smoothed
+        self.verify_seconds: float | None = None  # any step's verification, smoothed: the lookup's time until measured
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
-        self._fallback_proposed = 0
+        self.fallback_proposed = 0
+        self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree, each row's nodes by source
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         length = min(self.lookup_length, k)
-        matched = self.lookup.chain(rows, length, max_depth) if length > 0 else []
-        live = [chain for chain in matched if chain is not None]
+        matched = self.lookup.chain(rows, length, max_depth) if length > 0 else [None] * len(rows)
         fallback_k = min(self.fallback_k, k, max_depth)
-        if live and all(chain for _, chain in live) and self._lookup_pays(live, fallback_k):
-            self.source = "lookup"
-            chains = [(chain or live[0])[1] for chain in matched]  # a finished row's tokens are ignored
+        self.source = self._choose([chain for chain in matched if chain is not None], fallback_k,
+                                   both=not do_sample)
+        if self.source == "lookup":
+            live = next(chain for chain in matched if chain is not None)
+            chains = [(chain or live)[1] for chain in matched]  # a finished row's tokens are ignored
             width = max(len(chain) for chain in chains)
             tokens = torch.tensor([chain + chain[-1:] * (width - len(chain)) for chain in chains],
                                   device=rows[0].device)
             probs = torch.nn.functional.one_hot(tokens, self.vocab_size).float() if do_sample else None
             return Proposal(tokens=tokens, probs=probs)
-        self.source = "fallback"
         proposal = self.fallback.propose(rows, fallback_k, logits_processor, do_sample, max_depth)
-        self._fallback_proposed = proposal.k
+        self.fallback_proposed = proposal.k
+        if self.source == "both":
+            return self._union(proposal, [[] if m is None else m[1] for m in matched], do_sample)
         return proposal
 
-    def _lookup_pays(self, live: list[tuple[int, list[int]]], fallback_k: int) -> bool:
-        """Would every row's chain bring tokens at least as fast as the fallback's k proposals (ties and unmeasured
-        times: the free one)? Against plain decoding (k = 0) the lookup's "auto" sizing has already judged."""
-        if fallback_k == 0:
-            return True
-        lookup_s = self.step_seconds.get("lookup", self.step_seconds.get("fallback", 1.0))
-        fallback_s = self.step_seconds.get("fallback", lookup_s)
-        fallback = self.fallback_survival.expected(fallback_k, optimistic=True)[-1] / fallback_s
+    def _choose(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool) -> str:
+        """"lookup", "fallback" or "both", the fastest by E / T (ties: the cheaper; times not yet measured: as
+        the class docstring says). Against plain decoding (k = 0) the lookup's "auto" sizing has already judged."""
+        matched = [(length, chain) for length, chain in live if chain]
+        lookup_possible = bool(live) and len(matched) == len(live)
+        if fallback_k == 0 or not matched:
+            return "lookup" if lookup_possible else "fallback"
+        fallback_s = self.step_seconds.get("fallback", self.step_seconds.get("both", 1.0))
+        both_s = self.step_seconds.get("both", fallback_s)
+        lookup_s = self.step_seconds.get("lookup", self.verify_seconds or fallback_s)
+        draft = _position_rates(self.fallback_survival.expected(fallback_k, optimistic=True))
         survival = self.lookup.survival
-        return all(survival[length].expected(len(chain), optimistic=True)[-1] / lookup_s >= fallback
-                   for length, chain in live)
+        lookup = [_position_rates(survival[length].expected(len(chain), optimistic=True)) if chain else []
+                  for length, chain in live]
+        rates = {"fallback": (1 + sum(draft)) / fallback_s}
+        if lookup_possible:
+            rates["lookup"] = sum(1 + sum(rows) for rows in lookup) / len(live) / lookup_s
+        if both:
+            rates["both"] = sum(_either_expected(draft, rows) for rows in lookup) / len(live) / both_s
+        return max(("lookup", "both", "fallback"), key=lambda source: rates.get(source, -1.0))
 
-    def observe_seconds(self, seconds: float, smoothing: float = 0.3) -> None:
+    def _union(self, draft: Proposal, chains: list[list[int]], do_sample: bool) -> Proposal:
+        """Each row's tree: the draft's chain (nodes (0,), (0, 0), ...), then the lookup's continuation where it
+        differs, as a branch off the last node the two share (or going on below the draft's chain)."""
+        tries, by_draft, by_lookup = [], [], []
+        for drafted, chain in zip(draft.tokens.tolist(), chains):
+            shared = next((i for i, (a, b) in enumerate(zip(drafted, chain)) if a != b), min(len(drafted), len(chain)))
+            paths = [(0,) * depth for depth in range(1, len(drafted) + 1)]
+            branch = [(0,) * shared + ((0,) if shared == len(drafted) else (1,)) + (0,) * i
+                      for i in range(len(chain) - shared)]
+            tries.append((paths + branch, drafted + chain[shared:]))
+            by_draft.append(set(paths))
+            by_lookup.append(set(paths[:shared] + branch))
+        proposal, trees = trie_proposal(tries, draft.tokens.device, do_sample)
+        blocks = [{path: i + 1 for i, path in enumerate(tree.paths)} for tree in trees]
+        self._both = (proposal, [{row[p] for p in paths} for row, paths in zip(blocks, by_draft)],
+                      [{row[p] for p in paths} for row, paths in zip(blocks, by_lookup)])
+        return proposal
+
+    def accepted_by_source(self) -> tuple[list[int], list[int]]:
+        """After a step that proposed both: each live row's accepted tokens that were the draft's and the lookup's
+        (a prefix they share counts for both)."""
+        proposal, by_draft, by_lookup = self._both
+        kept = [(path, draft, lookup) for path, draft, lookup in zip(proposal.kept, by_draft, by_lookup) if path]
+        return ([len(draft.intersection(path)) for path, draft, _ in kept],
+                [len(lookup.intersection(path)) for path, _, lookup in kept])
+
+    def observe_seconds(self, propose_s: float, verify_s: float, smoothing: float = 0.3) -> None:
         """The last step's measured seconds (propose and verify), for its source."""
-        old = self.step_seconds.get(self.source)
-        self.step_seconds[self.source] = seconds if old is None else (1 - smoothing) * old + smoothing * seconds
+        def smoothed(old, new):
+            return new if old is None else (1 - smoothing) * old + smoothing * new
+        self.step_seconds[self.source] = smoothed(self.step_seconds.get(self.source), propose_s + verify_s)
+        self.verify_seconds = smoothed(self.verify_seconds, verify_s)
 
     def advance(self, accepted: list[int], target_hidden=None) -> None:
         if self.source == "lookup":
             self.lookup.advance(accepted)
             return
-        if self._fallback_proposed:
+        if self.source == "both":
+            proposal, by_draft, by_lookup = self._both
+            accepted = [len(draft.intersection(path)) for path, draft in zip(proposal.kept, by_draft)]
+            self.lookup.advance([len(lookup.intersection(path)) for path, lookup in zip(proposal.kept, by_lookup)])
+            self._both = None
+        if self.fallback_proposed:
             for row_accepted in accepted:
-                self.fallback_survival.observe(self._fallback_proposed, row_accepted)
-        self._fallback_proposed = 0
+                self.fallback_survival.observe(self.fallback_proposed, row_accepted)
+        self.fallback_proposed = 0
         self.fallback.advance(accepted, target_hidden)
+
+
+def _position_rates(expected: list[float]) -> list[float]:
+    """s_1, s_2, ...: the chance each position is accepted, from E(0), E(1), ..."""
+    return [after - before for before, after in zip(expected, expected[1:])]
+
+
+def _either_expected(draft: list[float], lookup: list[float]) -> float:
+    """E of a tree of two chains, position i accepted where either is (taken as independent)."""
+    width = max(len(draft), len(lookup))
+    draft, lookup = draft + [0.0] * (width - len(draft)), lookup + [0.0] * (width - len(lookup))
+    return 1 + sum(1 - (1 - a) * (1 - b) for a, b in zip(draft, lookup))
 
 
 class LookupThenSchedule(Schedule):
     """The two schedules of ``LookupThenProposer``: ``lookup`` sets the lookup's length each step, ``fallback`` the
-    other proposer's k; each hears the steps its proposer took (and the other's as plain steps it did not time).
+    other proposer's k; each hears the steps its proposer took (and the other's as plain steps it did not time; a
+step of both: each its own accepted tokens, and the verification's cost goes to the shared ``costs``).
     The loop gets the larger of the two: when it is 0, as at the start of "auto", the step is plain whoever would
     propose (the prefill may then score it)."""
 
-    def __init__(self, proposer: LookupThenProposer, lookup: Schedule, fallback: Schedule):
-        self.proposer, self.lookup, self.fallback = proposer, lookup, fallback
+    def __init__(self, proposer: LookupThenProposer, lookup: Schedule, fallback: Schedule,
+                 costs: Costs | None = None):
+        self.proposer, self.lookup, self.fallback, self.costs = proposer, lookup, fallback, costs
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
         self.lookup.start(prompt_length, max_new_tokens)
@@ -124,9 +189,17 @@ class LookupThenSchedule(Schedule):
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
-        took, other = ((self.lookup, self.fallback) if self.proposer.source == "lookup"
-                       else (self.fallback, self.lookup))
-        took.observe(k, accepted, propose_s, verify_s, confidence)
-        other.observe(0, accepted, 0.0, None, confidence)
+        proposer = self.proposer
+        if proposer.source == "both":  # each hears its own proposals; the verification's width is neither's
+            by_draft, by_lookup = proposer.accepted_by_source()
+            self.fallback.observe(proposer.fallback_proposed, by_draft, propose_s, None, confidence)
+            self.lookup.observe(0, by_lookup, 0.0, None, confidence)
+            if self.costs is not None:
+                self.costs.observe_verify(k + 1, verify_s)
+        else:
+            took, other = ((self.lookup, self.fallback) if proposer.source == "lookup"
+                           else (self.fallback, self.lookup))
+            took.observe(k, accepted, propose_s, verify_s, confidence)
+            other.observe(0, accepted, 0.0, None, confidence)
         if k > 0 and verify_s is not None:
-            self.proposer.observe_seconds(propose_s + verify_s)
+            proposer.observe_seconds(propose_s, verify_s)

@@ -69,22 +69,7 @@ class PromptLookupProposer:
             matches = matches or []
             tries.append(continuation_trie(text, matches, depth, self._budget(matches, k)))
             self.proposed[r] = (matches[0][0] if matches else 0, len(tries[-1][0]))
-        nodes = max(len(paths) for paths, _ in tries)
-        if nodes == 0:
-            return Proposal(tokens=rows[0].new_empty(len(rows), 0))
-        trees, tokens = [], []
-        for paths, node_tokens in tries:
-            paths, node_tokens = _padded(paths, node_tokens, nodes)
-            tree = _tree(tuple(paths))
-            by_path = dict(zip(paths, node_tokens))
-            trees.append(tree)
-            tokens.append([by_path[path] for path in tree.paths])  # block order
-        tokens = torch.tensor(tokens, dtype=torch.long, device=rows[0].device)
-        if len(rows) == 1:
-            # one continuation, greedy: verified as a chain (no tree mask; the chain rule samples with a q)
-            is_chain = not do_sample and all(set(path) == {0} for path in trees[0].paths)
-            return Proposal(tokens=tokens) if is_chain else Proposal(tokens=tokens, tree=trees[0])
-        return Proposal(tokens=tokens, row_trees=tuple(trees))
+        return trie_proposal(tries, rows[0].device, do_sample)[0]
 
     def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[tuple[int, list[int]] | None]:
         """Each row's best match's length and continuation, at most k tokens (or what ``sizing`` gives) and
@@ -110,6 +95,29 @@ class PromptLookupProposer:
             if nodes and self.survival is not None:
                 self.survival[match_length].observe(nodes, row_accepted)
         self.proposed = [(0, 0)] * len(self.proposed)
+
+
+def trie_proposal(tries: list[tuple[list[tuple[int, ...]], list[int]]], device, do_sample: bool
+                  ) -> tuple[Proposal, list[TreeBuffers]]:
+    """One proposal from each row's trie (its paths and their tokens; rows with fewer nodes padded with root
+    children, ``_padded``) and the rows' trees (block index i + 1 is ``tree.paths[i]``). Nothing proposed: k = 0.
+    One row whose trie is a single chain, greedy: verified as a chain (no tree mask; the chain rule samples with a
+    q)."""
+    nodes = max(len(paths) for paths, _ in tries)
+    if nodes == 0:
+        return Proposal(tokens=torch.empty(len(tries), 0, dtype=torch.long, device=device)), []
+    trees, tokens = [], []
+    for paths, node_tokens in tries:
+        paths, node_tokens = _padded(paths, node_tokens, nodes)
+        tree = _tree(tuple(paths))
+        by_path = dict(zip(paths, node_tokens))
+        trees.append(tree)
+        tokens.append([by_path[path] for path in tree.paths])  # block order
+    tokens = torch.tensor(tokens, dtype=torch.long, device=device)
+    if len(tries) == 1:
+        is_chain = not do_sample and all(set(path) == {0} for path in trees[0].paths)
+        return (Proposal(tokens=tokens) if is_chain else Proposal(tokens=tokens, tree=trees[0])), trees
+    return Proposal(tokens=tokens, row_trees=tuple(trees)), trees
 
 
 def _padded(paths: list[tuple[int, ...]], tokens: list[int], nodes: int):
