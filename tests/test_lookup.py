@@ -176,22 +176,25 @@ def test_the_hybrid_tries_a_match_class_it_has_not_seen_even_against_a_good_draf
 
 def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
     """Both in one tree bring at least what either brings: before any time is measured they are taken over the
-    draft alone. Then E / T decides: the lookup alone skips the draft's time, where its match is a sure copy; both,
-    where the lookup's tokens are worth a slightly wider verification; the draft alone, where they are not."""
+    draft alone. Then E / T decides, T = the proposer's time + the verification's at the step's width: the lookup
+    alone skips the draft's time, where its match is a sure copy; both, where the lookup's tokens are worth a
+    wider verification; the draft alone, where they are not."""
     proposer = _good_draft_behind_lookup()  # the draft: positions 1 and 2 accepted, 3 not
     chain = list(range(10))
     assert proposer._choose([(1, chain)], 3, both=True) == "both"
     assert proposer._choose([(1, chain), (1, [])], 3, both=True) == "both"  # rows without a match: the draft's
     for _ in range(100):
         proposer.lookup.survival[30].observe(10, 8)  # a sure copy
-    proposer.step_seconds, proposer.verify_seconds = {"fallback": 0.4, "both": 0.42}, 0.25
+    proposer.costs.verify = {4: 0.20, 14: 0.22}  # V(11) = 0.214 between them
+    proposer.propose_seconds = {"draft": 0.18}
     assert proposer._choose([(30, chain)], 3, both=True) == "lookup"
     for accepted in (0, 3) * 50:
         proposer.lookup.survival[1].observe(10, accepted)  # half the time right up to position 3
-    proposer.step_seconds = {"fallback": 0.26, "both": 0.27}
+    assert proposer._choose([(1, chain)], 3, both=True) == "lookup"  # 2.5 tokens in 0.214 s: faster than the draft
+    proposer.propose_seconds = {"draft": 0.05}  # a cheaper draft: 3 tokens in 0.25 s, both 3.5 in 0.27 s
     assert proposer._choose([(1, chain)], 3, both=True) == "both"
     for _ in range(100):
-        proposer.lookup.survival[2].observe(10, 0)  # a class that fails: its nodes are not worth their time
+        proposer.lookup.survival[2].observe(10, 0)  # a class that fails: its nodes are not worth their width
     assert proposer._choose([(2, chain)], 3, both=True) == "fallback"
 
 

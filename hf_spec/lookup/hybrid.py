@@ -31,8 +31,8 @@ def behind_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
                                costs=shared)
     lookup = lookup_proposer(call, num_tokens, max_ngram, schedule, memory.lookup_survival)
     vocab_size = call.model.get_output_embeddings().weight.shape[0]
-    proposer = LookupThenProposer(lookup, fallback, vocab_size)
-    return proposer, LookupThenSchedule(proposer, schedule, fallback_schedule, shared)
+    proposer = LookupThenProposer(lookup, fallback, vocab_size, costs=shared or memory.costs)
+    return proposer, LookupThenSchedule(proposer, schedule, fallback_schedule)
 
 
 class LookupThenProposer:
@@ -45,24 +45,25 @@ class LookupThenProposer:
     (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
     ``fallback_survival``, as a draft's acceptance follows the text: 98% in a math answer, 40% in a story; each one
     standard error optimistic, so that a match class the draft outbids at its prior gets tried; for both, position
-    i survives where either does, taken as independent), T its measured seconds a step (``step_seconds``, this
-    call's; the draft's include its catch-up on what the lookup committed; the lookup's, until measured, the
-    verification's). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling rule
-    keeps the target's distribution; the tree of both is proposed under greedy decoding only, as the draft's
-    sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback" or "both")."""
+    i survives where either does, taken as independent), T = the proposer's measured time a step (the draft's
+    include its catch-up on what the lookup committed) + the target's verification of the step's width (``costs``,
+    the pair's: measured by width, interpolated between, flat beyond). A chain is deterministic: under sampling
+    its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of both is
+    proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback" or "both")."""
 
     hidden_layers = ()
 
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
-                 fallback_survival: PositionSurvival | None = None):
+                 fallback_survival: PositionSurvival | None = None, costs: Costs | None = None):
         self.lookup, self.fallback, self.vocab_size = lookup, fallback, vocab_size
         self.name = f"{fallback.name}+lookup"
         self.fallback_survival = fallback_survival or PositionSurvival(memory=FALLBACK_MEMORY)
-        self.step_seconds: dict[str, float] = {}  # by source, smoothed
-        self.verify_seconds: float | None = None  # any step's verification, smoothed: the lookup's time until measured
+        self.costs = costs or Costs()  # the target's verification time by width (the pair's, shared)
+        self.propose_seconds: dict[str, float] = {}  # "draft" (a step it ran in) and "lookup" (alone), smoothed
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
         self.fallback_proposed = 0
+        self._draft_ran = False
         self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree, each row's nodes by source
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
@@ -93,9 +94,10 @@ class LookupThenProposer:
         lookup_possible = bool(live) and len(matched) == len(live)
         if fallback_k == 0 or not matched:
             return "lookup" if lookup_possible else "fallback"
-        fallback_s = self.step_seconds.get("fallback", self.step_seconds.get("both", 1.0))
-        both_s = self.step_seconds.get("both", fallback_s)
-        lookup_s = self.step_seconds.get("lookup", self.verify_seconds or fallback_s)
+        lookup_nodes = max(len(chain) for _, chain in matched)
+        fallback_s = self._seconds("draft", fallback_k + 1)
+        both_s = self._seconds("draft", fallback_k + lookup_nodes + 1)
+        lookup_s = self._seconds("lookup", lookup_nodes + 1)
         draft = _position_rates(self.fallback_survival.expected(fallback_k, optimistic=True))
         survival = self.lookup.survival
         lookup = [_position_rates(survival[length].expected(len(chain), optimistic=True)) if chain else []
@@ -133,12 +135,22 @@ class LookupThenProposer:
         return ([len(draft.intersection(path)) for path, draft, _ in kept],
                 [len(lookup.intersection(path)) for path, _, lookup in kept])
 
-    def observe_seconds(self, propose_s: float, verify_s: float, smoothing: float = 0.3) -> None:
-        """The last step's measured seconds (propose and verify), for its source."""
-        def smoothed(old, new):
-            return new if old is None else (1 - smoothing) * old + smoothing * new
-        self.step_seconds[self.source] = smoothed(self.step_seconds.get(self.source), propose_s + verify_s)
-        self.verify_seconds = smoothed(self.verify_seconds, verify_s)
+    def _seconds(self, proposer: str, width: int) -> float:
+        """A step's seconds: the proposer's measured time (0 until measured: optimistic, so that it is tried) and
+        the target's verification of ``width`` tokens (``Costs.verify_cost``; 1 s for every width until one is
+        measured)."""
+        verify = self.costs.verify_cost(width) if self.costs.verify else 1.0
+        return self.propose_seconds.get(proposer, 0.0) + verify
+
+    def observe_propose_seconds(self, seconds: float, smoothing: float = 0.3) -> None:
+        """The last step's proposing time, for the draft (a step it ran in) or the lookup (alone). The draft's first
+        step of a call, its prefill of the prompt, is not a step's time (it is paid once, whatever is chosen)."""
+        proposer = "lookup" if self.source == "lookup" else "draft"
+        if proposer == "draft" and not self._draft_ran:
+            self._draft_ran = True
+            return
+        old = self.propose_seconds.get(proposer)
+        self.propose_seconds[proposer] = seconds if old is None else (1 - smoothing) * old + smoothing * seconds
 
     def advance(self, accepted: list[int], target_hidden=None) -> None:
         if self.source == "lookup":
@@ -171,13 +183,12 @@ def _either_expected(draft: list[float], lookup: list[float]) -> float:
 class LookupThenSchedule(Schedule):
     """The two schedules of ``LookupThenProposer``: ``lookup`` sets the lookup's length each step, ``fallback`` the
     other proposer's k; each hears the steps its proposer took (and the other's as plain steps it did not time; a
-step of both: each its own accepted tokens, and the verification's cost goes to the shared ``costs``).
+step of both: each its own accepted tokens); the verification's time by width goes to the proposer's ``costs``.
     The loop gets the larger of the two: when it is 0, as at the start of "auto", the step is plain whoever would
     propose (the prefill may then score it)."""
 
-    def __init__(self, proposer: LookupThenProposer, lookup: Schedule, fallback: Schedule,
-                 costs: Costs | None = None):
-        self.proposer, self.lookup, self.fallback, self.costs = proposer, lookup, fallback, costs
+    def __init__(self, proposer: LookupThenProposer, lookup: Schedule, fallback: Schedule):
+        self.proposer, self.lookup, self.fallback = proposer, lookup, fallback
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
         self.lookup.start(prompt_length, max_new_tokens)
@@ -194,12 +205,13 @@ step of both: each its own accepted tokens, and the verification's cost goes to 
             by_draft, by_lookup = proposer.accepted_by_source()
             self.fallback.observe(proposer.fallback_proposed, by_draft, propose_s, None, confidence)
             self.lookup.observe(0, by_lookup, 0.0, None, confidence)
-            if self.costs is not None:
-                self.costs.observe_verify(k + 1, verify_s)
+            took = None
         else:
             took, other = ((self.lookup, self.fallback) if proposer.source == "lookup"
                            else (self.fallback, self.lookup))
             took.observe(k, accepted, propose_s, verify_s, confidence)
             other.observe(0, accepted, 0.0, None, confidence)
         if k > 0 and verify_s is not None:
-            proposer.observe_seconds(propose_s, verify_s)
+            if getattr(took, "costs", None) is not proposer.costs:  # else the schedule that took the step has
+                proposer.costs.observe_verify(k + 1, verify_s)
+            proposer.observe_propose_seconds(propose_s)
