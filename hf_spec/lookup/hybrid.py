@@ -49,7 +49,8 @@ class LookupThenProposer:
     include its catch-up on what the lookup committed) + the target's verification of the step's width (``costs``,
     the pair's: measured by width, interpolated between, flat beyond). A chain is deterministic: under sampling
     its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of both is
-    proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback" or "both")."""
+    proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed last
+    ("lookup", "fallback" or "both")."""
 
     hidden_layers = ()
 
@@ -64,7 +65,7 @@ class LookupThenProposer:
         self.source = "fallback"
         self.fallback_proposed = 0
         self._draft_ran = False
-        self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree, each row's nodes by source
+        self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree; rows' nodes by source
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
@@ -114,7 +115,8 @@ class LookupThenProposer:
         differs, as a branch off the last node the two share (or going on below the draft's chain)."""
         tries, by_draft, by_lookup = [], [], []
         for drafted, chain in zip(draft.tokens.tolist(), chains):
-            shared = next((i for i, (a, b) in enumerate(zip(drafted, chain)) if a != b), min(len(drafted), len(chain)))
+            shared = next((i for i, (a, b) in enumerate(zip(drafted, chain)) if a != b),
+                          min(len(drafted), len(chain)))
             paths = [(0,) * depth for depth in range(1, len(drafted) + 1)]
             branch = [(0,) * shared + ((0,) if shared == len(drafted) else (1,)) + (0,) * i
                       for i in range(len(chain) - shared)]
@@ -127,11 +129,12 @@ class LookupThenProposer:
                       [{row[p] for p in paths} for row, paths in zip(blocks, by_lookup)])
         return proposal
 
-    def accepted_by_source(self) -> tuple[list[int], list[int]]:
-        """After a step that proposed both: each live row's accepted tokens that were the draft's and the lookup's
-        (a prefix they share counts for both)."""
+    def accepted_by_source(self, live_only: bool = True) -> tuple[list[int], list[int]]:
+        """After a step that proposed both: each row's accepted tokens that were the draft's and the lookup's (a
+        prefix they share counts for both); ``live_only``: the rows still decoding, as the schedules hear them."""
         proposal, by_draft, by_lookup = self._both
-        kept = [(path, draft, lookup) for path, draft, lookup in zip(proposal.kept, by_draft, by_lookup) if path]
+        kept = [(path, draft, lookup) for path, draft, lookup in zip(proposal.kept, by_draft, by_lookup)
+                if path or not live_only]
         return ([len(draft.intersection(path)) for path, draft, _ in kept],
                 [len(lookup.intersection(path)) for path, _, lookup in kept])
 
@@ -157,9 +160,8 @@ class LookupThenProposer:
             self.lookup.advance(accepted)
             return
         if self.source == "both":
-            proposal, by_draft, by_lookup = self._both
-            accepted = [len(draft.intersection(path)) for path, draft in zip(proposal.kept, by_draft)]
-            self.lookup.advance([len(lookup.intersection(path)) for path, lookup in zip(proposal.kept, by_lookup)])
+            accepted, by_lookup = self.accepted_by_source(live_only=False)
+            self.lookup.advance(by_lookup)
             self._both = None
         if self.fallback_proposed:
             for row_accepted in accepted:
@@ -183,7 +185,8 @@ def _either_expected(draft: list[float], lookup: list[float]) -> float:
 class LookupThenSchedule(Schedule):
     """The two schedules of ``LookupThenProposer``: ``lookup`` sets the lookup's length each step, ``fallback`` the
     other proposer's k; each hears the steps its proposer took (and the other's as plain steps it did not time; a
-step of both: each its own accepted tokens); the verification's time by width goes to the proposer's ``costs``.
+    step of both: each its own accepted tokens); the verification's time by width goes to the proposer's
+    ``costs``, unless the schedule that took the step records it there itself (the "auto" schedules).
     The loop gets the larger of the two: when it is 0, as at the start of "auto", the step is plain whoever would
     propose (the prefill may then score it)."""
 
@@ -212,6 +215,6 @@ step of both: each its own accepted tokens); the verification's time by width go
             took.observe(k, accepted, propose_s, verify_s, confidence)
             other.observe(0, accepted, 0.0, None, confidence)
         if k > 0 and verify_s is not None:
-            if getattr(took, "costs", None) is not proposer.costs:  # else the schedule that took the step has
+            if getattr(took, "costs", None) is not proposer.costs:
                 proposer.costs.observe_verify(k + 1, verify_s)
             proposer.observe_propose_seconds(propose_s)
