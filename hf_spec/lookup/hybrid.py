@@ -89,8 +89,8 @@ class LookupThenProposer:
         return proposal
 
     def _choose(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool) -> str:
-        """"lookup", "fallback" or "both", the fastest by E / T (ties: the cheaper; times not yet measured: as
-        the class docstring says). Against plain decoding (k = 0) the lookup's "auto" sizing has already judged."""
+        """"lookup", "both" or "fallback", the fastest by E / T (ties: in that order; times not yet measured: as
+        ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto" sizing has already judged."""
         matched = [(length, chain) for length, chain in live if chain]
         lookup_possible = bool(live) and len(matched) == len(live)
         if fallback_k == 0 or not matched:
