@@ -14,7 +14,7 @@ from hf_spec.bench.lookup_replay import first_match, replay
 from hf_spec.engine.auto import AutoLookup, MatchSurvival, PositionSurvival
 from hf_spec.engine.costs import Costs
 from hf_spec.engine.proposer import Proposal
-from hf_spec.lookup.hybrid import LookupThenProposer
+from hf_spec.lookup.hybrid import LookupAndDraftProposer
 from hf_spec.lookup.matches import CONTEXT, continuation_trie, ranked_matches
 from hf_spec.lookup.proposer import PromptLookupProposer
 from hf_spec.testing import tiny_causal_lm
@@ -128,7 +128,7 @@ def test_left_padded_batch_equals_plain_generate(target, tokenizer):
 
 
 @pytest.mark.parametrize("k", ["auto", 3])
-def test_draft_behind_prompt_lookup_equals_plain_generate(target, drafts, tokenizer, k):
+def test_draft_beside_prompt_lookup_equals_plain_generate(target, drafts, tokenizer, k):
     for text in PROMPTS:
         inputs = tokenizer(text, return_tensors="pt")
         expected = target.generate(**inputs, max_new_tokens=40, do_sample=False)
@@ -153,12 +153,12 @@ def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, dr
     assert stats.accepted > 0 and 2 in stats.k_per_step and any(k > 2 for k in stats.k_per_step)
 
 
-def _good_draft_behind_lookup() -> LookupThenProposer:
+def _good_draft_behind_lookup() -> LookupAndDraftProposer:
     draft_survival = PositionSurvival()
     for _ in range(200):
         draft_survival.observe(3, 2)  # a good draft: two of three accepted
     draft = type("Draft", (), {"name": "draft"})()
-    return LookupThenProposer(PromptLookupProposer(None, survival=MatchSurvival()), draft, 16, draft_survival)
+    return LookupAndDraftProposer(PromptLookupProposer(None, survival=MatchSurvival()), draft, 16, draft_survival)
 
 
 def test_the_hybrid_tries_a_match_class_it_has_not_seen_even_against_a_good_draft():
@@ -219,8 +219,8 @@ def test_the_tree_of_both_branches_where_they_differ_and_tells_whose_tokens_were
 
 
 def test_draft_and_lookup_in_one_tree_equal_plain_generate(target, drafts, tokenizer, monkeypatch):
-    sources, advance = [], LookupThenProposer.advance
-    monkeypatch.setattr(LookupThenProposer, "advance",
+    sources, advance = [], LookupAndDraftProposer.advance
+    monkeypatch.setattr(LookupAndDraftProposer, "advance",
                         lambda self, *args: (sources.append(self.source), advance(self, *args)))
     inputs = tokenizer(["abcabcabc", "def fib(n): fib", "x"], return_tensors="pt", padding=True)
     expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
@@ -285,10 +285,10 @@ def test_sampling_recovers_the_target_distribution(small_target, nodes, batch):
 def test_draft_behind_lookup_samples_the_target_distribution(small_target, monkeypatch):
     from collections import Counter
 
-    from hf_spec.lookup.hybrid import LookupThenProposer
+    from hf_spec.lookup.hybrid import LookupAndDraftProposer
 
-    sources, advance = Counter(), LookupThenProposer.advance
-    monkeypatch.setattr(LookupThenProposer, "advance",
+    sources, advance = Counter(), LookupAndDraftProposer.advance
+    monkeypatch.setattr(LookupAndDraftProposer, "advance",
                         lambda self, *args: (sources.update([self.source]), advance(self, *args)))
     draft = tiny_causal_lm("llama", seed=5, vocab_size=VOCAB, hidden_size=16, initializer_range=0.5)
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
 from ..engine.schedule import FixedLength, Schedule, StepwiseLength, check_num_speculative_tokens
 from ..lookup.generate import LOOKUP_OPTIONS
-from ..lookup.hybrid import behind_prompt_lookup
+from ..lookup.hybrid import beside_prompt_lookup
 from ..token_map import TokenMap
 from .cross_tokenizer import CrossTokenizerProposer
 from .loading import ResolvedDraft, resolve_draft_and_tokenizers
@@ -59,7 +59,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     proposer = draft_proposer(draft, call, draft_vocab_size)
     schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs)
     if prompt_lookup:
-        proposer, schedule = behind_prompt_lookup(proposer, schedule, call, draft.model, num_speculative_tokens,
+        proposer, schedule = beside_prompt_lookup(proposer, schedule, call, draft.model, num_speculative_tokens,
                                                   cache_costs)
     return speculative_generate(call, proposer, schedule)
 

@@ -17,9 +17,9 @@ from .proposer import PromptLookupProposer, trie_proposal
 FALLBACK_MEMORY = 24.0  # the draft's acceptance by position follows about this many of its recent steps
 
 
-def behind_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, memory_key,
-                         num_speculative_tokens, cache_costs: bool = True) -> tuple["LookupThenProposer", Schedule]:
-    """``fallback`` and its schedule with prompt lookup in front, for a decoding ``call`` (an
+def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, memory_key,
+                         num_speculative_tokens, cache_costs: bool = True) -> tuple["LookupAndDraftProposer", Schedule]:
+    """``fallback`` and its schedule with prompt lookup beside it, for a decoding ``call`` (an
     ``hf_spec.engine.call.DecodingCall``: its generation config's prompt lookup settings). With
     ``num_speculative_tokens="auto"`` the lookup's chain length is "auto" too (``AutoLookup``, its estimates kept
     for (target, ``memory_key``)); else it is ``prompt_lookup_num_tokens``."""
@@ -31,16 +31,16 @@ def behind_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
                                costs=shared)
     lookup = lookup_proposer(call, num_tokens, max_ngram, schedule, memory.lookup_survival)
     vocab_size = call.model.get_output_embeddings().weight.shape[0]
-    proposer = LookupThenProposer(lookup, fallback, vocab_size, costs=shared or memory.costs)
-    return proposer, LookupThenSchedule(proposer, schedule, fallback_schedule)
+    proposer = LookupAndDraftProposer(lookup, fallback, vocab_size, costs=shared or memory.costs)
+    return proposer, LookupAndDraftSchedule(proposer, schedule, fallback_schedule)
 
 
-class LookupThenProposer:
+class LookupAndDraftProposer:
     """Each step, one of three proposals: the lookup's chain alone, where every live row has one (at most
     ``lookup_length`` tokens, shorter rows padded with their last token; the draft does not run); ``fallback``'s
     proposal of ``fallback_k`` tokens alone; or, under greedy decoding, both as one tree per row (``_union``: the
     draft's chain, and the lookup's continuation branching off where it differs), whose longest accepted path
-    wins (``LookupThenSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen
+    wins (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen
     brings tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has realised
     (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
     ``fallback_survival``, as a draft's acceptance follows the text: 98% in a math answer, 40% in a story; each one
@@ -182,15 +182,15 @@ def _either_expected(draft: list[float], lookup: list[float]) -> float:
     return 1 + sum(1 - (1 - a) * (1 - b) for a, b in zip(draft, lookup))
 
 
-class LookupThenSchedule(Schedule):
-    """The two schedules of ``LookupThenProposer``: ``lookup`` sets the lookup's length each step, ``fallback`` the
+class LookupAndDraftSchedule(Schedule):
+    """The two schedules of ``LookupAndDraftProposer``: ``lookup`` sets the lookup's length each step, ``fallback`` the
     other proposer's k; each hears the steps its proposer took (and the other's as plain steps it did not time; a
     step of both: each its own accepted tokens); the verification's time by width goes to the proposer's
     ``costs``, unless the schedule that took the step records it there itself (the "auto" schedules).
     The loop gets the larger of the two: when it is 0, as at the start of "auto", the step is plain whoever would
     propose (the prefill may then score it)."""
 
-    def __init__(self, proposer: LookupThenProposer, lookup: Schedule, fallback: Schedule):
+    def __init__(self, proposer: LookupAndDraftProposer, lookup: Schedule, fallback: Schedule):
         self.proposer, self.lookup, self.fallback = proposer, lookup, fallback
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
