@@ -12,7 +12,7 @@ from hf_spec.prompts import Prompt
 from hf_spec.testing import tiny_causal_lm
 from hf_spec.token_map import TokenMap
 from hf_spec.training import optimization
-from hf_spec.training.data import Continuation, SelfDistillation, collect_hidden_states, self_distill
+from hf_spec.training.data import IGNORE, Continuation, SelfDistillation, collect_hidden_states, self_distill
 from hf_spec.training.eagle import (Batch, EagleTrainConfig, draft_index, draft_ranks, evaluate_draft, most_frequent_tokens,
                                     new_eagle_draft, step_losses, train_draft, train_eagle, unrolled)
 
@@ -76,6 +76,30 @@ def test_the_unrolled_forward_is_what_the_tree_computes_at_inference(small_targe
                                   cache, embedding, small_target.get_output_embeddings(), from_target=False)
                 hidden = hidden[:, 0]
                 assert torch.allclose(hidden[0], steps[s][0, j], atol=1e-5), (j, s)
+
+
+def test_the_queried_entries_get_what_the_whole_unrolled_forward_gives_them(small_target):
+    torch.manual_seed(2)
+    draft = new_eagle_draft(small_target, None).eval()
+    for p in draft.parameters():
+        p.data += 0.05 * torch.randn_like(p)
+    embedding = small_target.get_input_embeddings()
+    data = [Continuation(c.tokens, prompt_length, c.hidden)  # prompts of different lengths: different windows
+            for c, prompt_length in zip(random_continuations(small_target, count=3, length=12), (5, 2, 9))]
+    batch = Batch.of(data, draft_index(draft), 3, draft.device, torch.float32)
+    assert batch.queries[0].tolist() == [3, 4, 5, 6, 7, 8, 9, 9, 9, 9] and batch.queried[0].sum() == 7
+    with torch.no_grad():
+        whole = list(unrolled(draft, embedding, batch.tokens, batch.features, batch.valid, 3))
+        queried = list(unrolled(draft, embedding, batch.tokens, batch.features, batch.valid, 3, batch.queries))
+    for full, part in zip(whole, queried):
+        for b in range(3):
+            count = int(batch.queried[b].sum())
+            assert torch.allclose(part[b, :count], full[b, batch.queries[b, :count]], atol=1e-5)
+    for step in range(3):  # each query's label is the token step + 2 places after its entry
+        labels = batch.step_labels(step)
+        assert labels[0, :7].tolist() == [data[0].tokens[j + 2 + step] if j + 2 + step < 12 else IGNORE
+                                          for j in range(3, 10)]
+        assert (labels[~batch.queried] == IGNORE).all()
 
 
 def test_the_loss_falls_by_half_and_steps_one_and_two_learn_a_rule_the_embedding_cannot(small_target):

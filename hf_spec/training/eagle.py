@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from ..eagle.loading import CONFIG_KEYS, aux_layer_ids, load_eagle_draft, save_eagle_draft
 from ..eagle.model import EagleDraft
@@ -114,12 +114,16 @@ def new_eagle_draft(target, token_map: TokenMap | None, aux_layers: tuple[int, .
 class Batch:
     """Sequences padded on the right: tokens [b, n + steps + 1] (x[t]); features [b, n, F] (entry j: f[j]); valid
     [b, n] (entries inside their sequence); labels [b, n + steps + 1] (x[t] as a draft id where it is a
-    continuation token the draft vocabulary has, else IGNORE)."""
+    continuation token the draft vocabulary has, else IGNORE); queries [b, m] (the entries whose outputs a loss
+    reads: ``training_positions``, from the prompt's second-to-last token on; padded with the row's last one,
+    ``queried`` False there)."""
 
     tokens: torch.LongTensor
     features: torch.Tensor
     valid: torch.BoolTensor
     labels: torch.LongTensor
+    queries: torch.LongTensor
+    queried: torch.BoolTensor
 
     @classmethod
     def of(cls, continuations: list[Continuation], draft_index: torch.LongTensor, steps: int,
@@ -127,68 +131,88 @@ class Batch:
         entries = max(len(c.tokens) - 1 for c in continuations)
         width = entries + steps + 1
         batch = len(continuations)
+        wanted = [training_positions(len(c.tokens), c.prompt_length) for c in continuations]
         tokens = torch.zeros(batch, width, dtype=torch.long)
         labels = torch.full((batch, width), IGNORE, dtype=torch.long)
         features = torch.zeros(batch, entries, continuations[0].hidden.shape[-1], dtype=dtype)
         valid = torch.zeros(batch, entries, dtype=torch.bool)
-        for b, c in enumerate(continuations):
+        queries = torch.zeros(batch, max(max(len(w) for w in wanted), 1), dtype=torch.long)
+        queried = torch.zeros(queries.shape, dtype=torch.bool)
+        for b, (c, rows) in enumerate(zip(continuations, wanted)):
             length = len(c.tokens)
             tokens[b, :length] = torch.tensor(c.tokens)
             labels[b, c.prompt_length : length] = draft_index[tokens[b, c.prompt_length : length]]
             features[b, : length - 1] = c.hidden.to(dtype)
             valid[b, : length - 1] = True
-        return cls(tokens.to(device), features.to(device), valid.to(device), labels.to(device))
+            queries[b] = rows[-1] if len(rows) else 0
+            queries[b, : len(rows)] = torch.tensor(rows, dtype=torch.long)
+            queried[b, : len(rows)] = True
+        return cls(*(t.to(device) for t in (tokens, features, valid, labels, queries, queried)))
 
     def step_labels(self, step: int) -> torch.LongTensor:
-        """[b, n]: what entry j predicts at step ``step`` (0-based): x[j + 2 + step]."""
-        entries = self.features.shape[1]
-        return self.labels[:, 2 + step : 2 + step + entries]
+        """[b, m]: what query i predicts at step ``step`` (0-based): x[queries[i] + 2 + step] (IGNORE at padding)."""
+        labels = self.labels.gather(1, self.queries + 2 + step)
+        return labels.masked_fill(~self.queried, IGNORE)
 
 
 def unrolled(draft: EagleDraft, embedding: nn.Module, tokens: torch.LongTensor, features: torch.Tensor,
-             valid: torch.BoolTensor, steps: int):
+             valid: torch.BoolTensor, steps: int, queries: torch.LongTensor | None = None):
     """The draft unrolled ``steps`` times over whole sequences (training-time test); yields each step's outputs
-    [b, n, h] (before the final norm).
+    [b, m, h] (before the final norm) at the entries ``queries`` [b, m] (default: every entry).
 
     Step s's entry j is the depth-(s + 1) node of a tree rooted at x[j + 1]: token x[j + 1 + s], features the
     output of step s - 1's entry j (step 0: fc of the target's f[j]), position j + s; it attends the step-0
-    entries 0..j (what the cache holds at inference) and its own entries of steps 1..s (its ancestors)."""
+    entries 0..j (what the cache holds at inference) and its own entries of steps 1..s (its ancestors). So only
+    the step-0 keys and values are needed at every entry; the rest is computed at the entries queried (a prompt's
+    entries, which no loss reads, cost their keys and values only)."""
     layer = draft.midlayer
     attention = layer.self_attn
     batch, entries = features.shape[:2]
+    if queries is None:
+        queries = torch.arange(entries, device=features.device).expand(batch, -1)
     heads, kv_heads = draft.config.num_attention_heads, draft.config.num_key_value_heads
     head_dim = attention.head_dim
-    causal = torch.ones(entries, entries, dtype=torch.bool, device=features.device).tril()
-    past = (causal[None] & valid[:, None, :])[:, None]  # [b, 1, n, n]
-    hidden = draft.fc(features)
+    scale = head_dim ** -0.5
+    keys = torch.arange(entries, device=features.device)
+    past = ((keys[None, None, :] <= queries[:, :, None]) & valid[:, None, :])[:, None]  # [b, 1, m, n]
+
+    def gather(x: torch.Tensor) -> torch.Tensor:  # [b, n, ...] -> [b, m, ...] at the queries
+        return x.gather(1, queries.view(*queries.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
+
+    def heads_of(x: torch.Tensor, projection: nn.Linear, count: int, positions: torch.LongTensor) -> torch.Tensor:
+        """[b, len, count * d] -> [b, heads, len, d], rotated to ``positions``, the key/value heads repeated."""
+        y = projection(x).view(batch, x.shape[1], count, head_dim).transpose(1, 2)
+        if positions is not None:
+            cos, sin = draft.rotary_emb(x, positions)
+            y = y * cos[:, None] + rotate_half(y) * sin[:, None]
+        return repeat_kv(y, heads // count)
+
+    if draft.rotary_emb.inv_freq.dtype != torch.float32:
+        draft.rotary_emb.inv_freq = draft._inv_freq.to(features.device)
+    hidden_all = draft.fc(features)
+    hidden = gather(hidden_all)
     base_keys = base_values = None
-    chain_keys, chain_values = [], []  # steps 1..s: [b, heads, n, d]
+    chain_keys, chain_values = [], []  # steps 1..s: [b, heads, m, d]
     for step in range(steps):
-        embedded = embedding(tokens[:, 1 + step : 1 + step + entries]).to(hidden.dtype)
+        embedded = embedding(tokens.gather(1, queries + 1 + step)).to(hidden.dtype)
         x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
-        q = attention.q_proj(x).view(batch, entries, heads, head_dim).transpose(1, 2)
-        k = attention.k_proj(x).view(batch, entries, kv_heads, head_dim).transpose(1, 2)
-        v = attention.v_proj(x).view(batch, entries, kv_heads, head_dim).transpose(1, 2)
-        positions = (torch.arange(entries, device=x.device) + step).expand(batch, -1)
-        if draft.rotary_emb.inv_freq.dtype != torch.float32:
-            draft.rotary_emb.inv_freq = draft._inv_freq.to(x.device)
-        cos, sin = draft.rotary_emb(x, positions)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k, v = repeat_kv(k, heads // kv_heads), repeat_kv(v, heads // kv_heads)
-        if step == 0:
-            base_keys, base_values = k, v
+        q = heads_of(x, attention.q_proj, heads, queries + step)
+        if step == 0:  # every entry's keys and values: the cache a tree attends
+            embedded = embedding(tokens[:, 1 : 1 + entries]).to(hidden.dtype)
+            x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden_all)], dim=-1)
+            base_keys = heads_of(x, attention.k_proj, kv_heads, keys.expand(batch, -1))
+            base_values = heads_of(x, attention.v_proj, kv_heads, None)
         else:
-            chain_keys.append(k)
-            chain_values.append(v)
-        scale = head_dim ** -0.5
-        scores = (q @ base_keys.transpose(-1, -2)).float() * scale  # [b, heads, n, n]
+            chain_keys.append(heads_of(x, attention.k_proj, kv_heads, queries + step))
+            chain_values.append(heads_of(x, attention.v_proj, kv_heads, None))
+        scores = (q @ base_keys.transpose(-1, -2)).float() * scale  # [b, heads, m, n]
         scores = scores.masked_fill(~past, float("-inf"))
-        own = [((q * key).sum(-1).float() * scale)[..., None] for key in chain_keys]  # [b, heads, n, 1] each
-        weights = torch.softmax(torch.cat([scores, *own], dim=-1), dim=-1).to(v.dtype)
+        own = [((q * key).sum(-1).float() * scale)[..., None] for key in chain_keys]  # [b, heads, m, 1] each
+        weights = torch.softmax(torch.cat([scores, *own], dim=-1), dim=-1).to(base_values.dtype)
         attended = weights[..., :entries] @ base_values
         for i, value in enumerate(chain_values):
             attended = attended + weights[..., entries + i, None] * value
-        attended = attention.o_proj(attended.transpose(1, 2).reshape(batch, entries, heads * head_dim))
+        attended = attention.o_proj(attended.transpose(1, 2).reshape(batch, -1, heads * head_dim))
         hidden = hidden + attended
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         yield hidden
@@ -197,9 +221,10 @@ def unrolled(draft: EagleDraft, embedding: nn.Module, tokens: torch.LongTensor, 
 def step_losses(draft: EagleDraft, embedding: nn.Module, batch: Batch, steps: int) -> tuple[list[torch.Tensor], list[float]]:
     """Each step's mean cross-entropy over the entries with a label (scored only there) and its top-1 accuracy."""
     losses, accuracy = [], []
-    for step, hidden in enumerate(unrolled(draft, embedding, batch.tokens, batch.features, batch.valid, steps)):
+    for step, hidden in enumerate(unrolled(draft, embedding, batch.tokens, batch.features, batch.valid, steps,
+                                           batch.queries)):
         labels = batch.step_labels(step)
-        kept = (labels != IGNORE) & batch.valid
+        kept = labels != IGNORE
         if not kept.any():
             losses.append(hidden.sum() * 0.0)
             accuracy.append(float("nan"))
@@ -279,14 +304,16 @@ def draft_ranks(draft: EagleDraft, embedding: nn.Module, data: list[Continuation
         for start in range(0, len(data), batch_size):
             chunk = data[start : start + batch_size]
             batch = Batch.of(chunk, identity, steps, draft.device, draft.dtype)
-            outputs = list(unrolled(draft, embedding, batch.tokens, batch.features, batch.valid, steps))
+            outputs = list(unrolled(draft, embedding, batch.tokens, batch.features, batch.valid, steps,
+                                    batch.queries))
             for b, c in enumerate(chunk):
-                positions = torch.tensor(list(training_positions(len(c.tokens), c.prompt_length)), dtype=torch.long)
-                if not len(positions):
+                count = int(batch.queried[b].sum())  # the queries are c's training positions
+                if not count:
                     continue
-                rank = torch.full((len(positions), steps), NO_TARGET, dtype=torch.long)
+                positions = batch.queries[b, :count].cpu()
+                rank = torch.full((count, steps), NO_TARGET, dtype=torch.long)
                 for s, hidden in enumerate(outputs):
-                    guesses = to_target(draft.lm_head(draft.norm(hidden[b, positions.to(draft.device)])).float()
+                    guesses = to_target(draft.lm_head(draft.norm(hidden[b, :count])).float()
                                         .topk(min(top_k, draft.lm_head.out_features), dim=-1).indices).cpu()
                     truth = positions + 2 + s
                     has = truth < len(c.tokens)
