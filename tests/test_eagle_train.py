@@ -208,6 +208,21 @@ def test_an_interrupted_self_distillation_resumes_batch_by_batch(tokenizer, tmp_
     assert [c.tokens for c in again] == [c.tokens for c in first]
 
 
+def test_a_resumed_self_distillation_keeps_what_is_done_at_another_batch_size(tokenizer, tmp_path):
+    model = tiny_causal_lm("llama", seed=5).requires_grad_(False)
+    prompts = [Prompt(str(i), "text", f"prompt {i} " * (i + 1)) for i in range(5)]
+    first = self_distill(model, tokenizer, prompts, max_new_tokens=5, batch_size=2, progress=False, shards=tmp_path)
+    (tmp_path / "batch-00001.pt").unlink()  # as if the run had stopped there
+    kept = {path: path.stat().st_mtime_ns for path in tmp_path.glob("batch-*.pt")}
+    again = self_distill(model, tokenizer, prompts, max_new_tokens=5, batch_size=4, progress=False, shards=tmp_path)
+    assert all(path.stat().st_mtime_ns == written for path, written in kept.items())
+    assert sorted(path.name for path in tmp_path.glob("batch-*.pt")) == [f"batch-0000{n}.pt" for n in range(3)]
+    assert [c.tokens for c in again] == [c.tokens for c in first]
+    others = [Prompt(str(i), "text", f"another prompt {i}") for i in range(5)]
+    with pytest.raises(ValueError, match="other prompts"):
+        self_distill(model, tokenizer, others, max_new_tokens=5, batch_size=2, progress=False, shards=tmp_path)
+
+
 def test_train_eagle_end_to_end(tokenizer, tmp_path):
     from tests.test_medusa_train import questions_file
 

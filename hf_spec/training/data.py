@@ -12,6 +12,8 @@ learns token t + i + 2) and EAGLE drafts (``hf_spec.training.eagle``: three laye
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import shutil
 from dataclasses import dataclass
@@ -87,23 +89,21 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
     ``positions`` (a name in ``POSITIONS``) in ``dtype``. ``temperature`` (sampling only) overrides the model's
     generation config. With ``shards`` (a folder), each batch is written there as it is done and a batch already
     there is read, not generated (a sampled batch draws from the seed ``seed`` + its index: a resumed run
-    samples what the first would have)."""
+    samples what the first would have). A shard names its prompts, so a run resumed with another ``batch_size``
+    keeps what is done and batches the rest its own way."""
     encoded = [encode_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    results: dict[int, Continuation] = {}
+    results = {} if shards is None else _read_shards(Path(shards), encoded)
+    numbers = _free_numbers(Path(shards)) if shards is not None else iter(range(len(order)))
+    todo = [i for i in order if i not in results]
     sampling = {"do_sample": True, "temperature": temperature} if do_sample and temperature else {"do_sample": do_sample}
     kept_at = POSITIONS[positions]
-    bar = tqdm(total=len(order), desc="self-distillation", unit="prompt", disable=not progress)
-    for number, start in enumerate(range(0, len(order), batch_size)):
-        batch = order[start : start + batch_size]
-        shard = None if shards is None else Path(shards) / f"batch-{number:05d}.pt"
-        if shard is not None and shard.is_file():
-            results.update(zip(batch, _read_shard(shard)))
-            bar.update(len(batch))
-            continue
+    bar = tqdm(total=len(order), initial=len(results), desc="self-distillation", unit="prompt", disable=not progress)
+    for start in range(0, len(todo), batch_size):
+        batch, number = todo[start : start + batch_size], next(numbers)
         if do_sample:
             torch.manual_seed(seed + number)
         inputs = {key: value.to(model.device) for key, value in left_padded([encoded[i] for i in batch], pad).items()}
@@ -121,24 +121,41 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
             kept = torch.tensor(list(kept_at(len(tokens), prompt_length)), dtype=torch.long)
             kept += width - prompt_length
             results[i] = Continuation(tokens, prompt_length, along[row, kept].to("cpu", dtype))
-        if shard is not None:
-            _write_shard(shard, [results[i] for i in batch])
+        if shards is not None:
+            _write_shard(Path(shards) / f"batch-{number:05d}.pt", {i: results[i] for i in batch})
         del out, along
         bar.update(len(batch))
     bar.close()
     return [results[i] for i in range(len(encoded))]
 
 
-def _write_shard(path: Path, continuations: list[Continuation]) -> None:
-    state = [{"tokens": c.tokens, "prompt_length": c.prompt_length, "hidden": c.hidden} for c in continuations]
+def _write_shard(path: Path, continuations: dict[int, Continuation]) -> None:
+    """``continuations`` by prompt index."""
+    state = [{"prompt": i, "tokens": c.tokens, "prompt_length": c.prompt_length, "hidden": c.hidden}
+             for i, c in continuations.items()]
     partial = path.with_suffix(".tmp")
     torch.save(state, partial)
     partial.replace(path)  # a run killed mid-write leaves no half shard
 
 
-def _read_shard(path: Path) -> list[Continuation]:
-    return [Continuation(c["tokens"], c["prompt_length"], c["hidden"])
-            for c in torch.load(path, map_location="cpu", weights_only=True)]
+def _read_shards(folder: Path, encoded: list[list[int]]) -> dict[int, Continuation]:
+    """The continuations the shards in ``folder`` hold, by prompt index; each must continue its prompt."""
+    results = {}
+    for path in sorted(folder.glob("batch-*.pt")):
+        for c in torch.load(path, map_location="cpu", weights_only=True):
+            i = c["prompt"]
+            if not 0 <= i < len(encoded) or c["tokens"][: c["prompt_length"]] != encoded[i]:
+                raise ValueError(f"{path} holds a continuation of another prompt than prompt {i} of these "
+                                 f"{len(encoded)}: it was made from other prompts. Delete {folder} to start afresh.")
+            results[i] = Continuation(c["tokens"], c["prompt_length"], c["hidden"])
+    return results
+
+
+def _free_numbers(folder: Path):
+    """The shard numbers not yet in ``folder``, in increasing order (a batch lost from the middle of a run is
+    redone under its own number, so a sampled batch draws from the seed it had)."""
+    taken = {int(path.stem.split("-")[1]) for path in folder.glob("batch-*.pt")}
+    return (n for n in itertools.count() if n not in taken)
 
 
 def frozen_model(model, tokenizer, dtype: torch.dtype = torch.float32):
@@ -156,8 +173,9 @@ def frozen_model(model, tokenizer, dtype: torch.dtype = torch.float32):
 class SelfDistillation:
     """The prompts split by question id (``eval_questions.jsonl`` in ``folder``: the held-out rows, for the bench)
     and each split's continuations by ``model``, with the hidden states of ``layers`` at ``positions`` in
-    ``dtype``, cached in ``folder/cache/<split>/`` (one file per generation batch, and the settings they were
-    made with: other settings start the split afresh; the same ones resume or reuse it).
+    ``dtype``, cached in ``folder/cache/<split>/`` (one file per generation batch, naming its prompts, and the
+    settings they were made with, the prompts file by its contents: other settings start the split afresh; the
+    same ones resume or reuse it, whatever the generation batch size).
 
     ``limit`` trains on that many prompts taken evenly over the file (and evaluates on a quarter as many), so
     every category keeps its share."""
@@ -178,9 +196,9 @@ class SelfDistillation:
         self.prompts = {"train": train, "eval": held_out}
         print_fn(f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0)")
         self.settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype),
-                         "prompts": str(prompts_path), "limit": limit, "eval_every": eval_every,
-                         "max_new_tokens": max_new_tokens, "batch_size": batch_size, "layers": list(layers),
-                         "positions": positions, "dtype": str(dtype), "data_format": 3}
+                         "prompts": _digest(prompts_path), "limit": limit, "eval_every": eval_every,
+                         "max_new_tokens": max_new_tokens, "layers": list(layers),
+                         "positions": positions, "dtype": str(dtype), "data_format": 4}
 
     def continuations(self, split: str, do_sample: bool, samples: int = 1, temperature: float = 0.7,
                       seed: int = 0) -> list[Continuation]:
@@ -204,6 +222,11 @@ class SelfDistillation:
                 layers=self.layers, positions=self.positions, shards=_shard_folder(folder, sample),
                 seed=seed * 1_000_003 + sample * 10_007)
         return continuations
+
+
+def _digest(path: str | Path) -> str:
+    """The file's contents, as a name: the cache follows the prompts, not where the file lies."""
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _shard_folder(folder: Path, sample: int) -> Path:
