@@ -221,6 +221,9 @@ def test_a_resumed_self_distillation_keeps_what_is_done_at_another_batch_size(to
     others = [Prompt(str(i), "text", f"another prompt {i}") for i in range(5)]
     with pytest.raises(ValueError, match="other prompts"):
         self_distill(model, tokenizer, others, max_new_tokens=5, batch_size=2, progress=False, shards=tmp_path)
+    (tmp_path / "batch-00007.pt").write_bytes((tmp_path / "batch-00000.pt").read_bytes())  # two runs, one folder
+    with pytest.raises(ValueError, match="again"):
+        self_distill(model, tokenizer, prompts, max_new_tokens=5, batch_size=2, progress=False, shards=tmp_path)
 
 
 def test_train_eagle_end_to_end(tokenizer, tmp_path):

@@ -153,7 +153,7 @@ def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, dr
     assert stats.accepted > 0 and 2 in stats.k_per_step and any(k > 2 for k in stats.k_per_step)
 
 
-def _good_draft_behind_lookup() -> LookupAndDraftProposer:
+def _good_draft_beside_lookup() -> LookupAndDraftProposer:
     draft_survival = PositionSurvival()
     for _ in range(200):
         draft_survival.observe(3, 2)  # a good draft: two of three accepted
@@ -164,7 +164,7 @@ def _good_draft_behind_lookup() -> LookupAndDraftProposer:
 def test_the_hybrid_tries_a_match_class_it_has_not_seen_even_against_a_good_draft():
     """The choice between proposers observes only the one it picks: an unseen lookup class is taken at its
     optimistic estimate (else a draft that outbids the prior would starve it), a class seen to fail is not."""
-    proposer = _good_draft_behind_lookup()
+    proposer = _good_draft_beside_lookup()
     chain = list(range(10))
     assert proposer._choose([(5, chain)], 3, both=False) == "lookup"  # unseen class: tried
     for _ in range(100):
@@ -179,7 +179,7 @@ def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
     draft alone. Then E / T decides, T = the proposer's time + the verification's at the step's width: the lookup
     alone skips the draft's time, where its match is a sure copy; both, where the lookup's tokens are worth a
     wider verification; the draft alone, where they are not."""
-    proposer = _good_draft_behind_lookup()  # the draft: positions 1 and 2 accepted, 3 not
+    proposer = _good_draft_beside_lookup()  # the draft: positions 1 and 2 accepted, 3 not
     chain = list(range(10))
     assert proposer._choose([(1, chain)], 3, both=True) == "both"
     assert proposer._choose([(1, chain), (1, [])], 3, both=True) == "both"  # rows without a match: the draft's
@@ -199,7 +199,7 @@ def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
 
 
 def test_the_tree_of_both_branches_where_they_differ_and_tells_whose_tokens_were_kept():
-    proposer = _good_draft_behind_lookup()
+    proposer = _good_draft_beside_lookup()
     drafted = Proposal(tokens=torch.tensor([[1, 2, 3], [1, 2, 3], [4, 5, 6]]))
     both = proposer._union(drafted, [[1, 2, 7, 8], [1, 2, 3, 9], []], do_sample=False)
     trees = both.row_trees
@@ -282,7 +282,7 @@ def test_sampling_recovers_the_target_distribution(small_target, nodes, batch):
     assert chi_square_p_value(samples, exact_joint(small_target, LOOKUP_PROMPT)) > ALPHA
 
 
-def test_draft_behind_lookup_samples_the_target_distribution(small_target, monkeypatch):
+def test_draft_beside_lookup_samples_the_target_distribution(small_target, monkeypatch):
     from collections import Counter
 
     from hf_spec.lookup.hybrid import LookupAndDraftProposer

@@ -4,7 +4,7 @@ Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain g
 itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
 ``draft@k``, ``auto`` and ``stepwise`` (num_speculative_tokens="auto" / "stepwise"), ``medusa`` and ``eagle``;
 ``hf-lookup`` (transformers' prompt lookup, ``prompt_lookup_num_tokens=10``), ``lookup`` (strategy="prompt_lookup",
-"auto" nodes) and ``draft+lookup@k`` (the draft at k behind prompt lookup).
+"auto" nodes) and ``draft+lookup@k`` (the draft at k beside prompt lookup).
 """
 from __future__ import annotations
 

@@ -89,8 +89,10 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
     ``positions`` (a name in ``POSITIONS``) in ``dtype``. ``temperature`` (sampling only) overrides the model's
     generation config. With ``shards`` (a folder), each batch is written there as it is done and a batch already
     there is read, not generated (a sampled batch draws from the seed ``seed`` + its index: a resumed run
-    samples what the first would have). A shard names its prompts, so a run resumed with another ``batch_size``
-    keeps what is done and batches the rest its own way."""
+    samples what the first would have, at the same ``batch_size``). A shard names its prompts, so a run resumed
+    with another ``batch_size`` keeps what is done and batches the rest its own way (the rest then differs from
+    what the first run would have made only as batching changes it: sampled draws, and near-ties under greedy
+    decoding)."""
     encoded = [encode_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -129,6 +131,9 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
     return [results[i] for i in range(len(encoded))]
 
 
+SHARDS = "batch-[0-9][0-9][0-9][0-9][0-9].pt"  # batch-{number:05d}.pt
+
+
 def _write_shard(path: Path, continuations: dict[int, Continuation]) -> None:
     """``continuations`` by prompt index."""
     state = [{"prompt": i, "tokens": c.tokens, "prompt_length": c.prompt_length, "hidden": c.hidden}
@@ -141,12 +146,16 @@ def _write_shard(path: Path, continuations: dict[int, Continuation]) -> None:
 def _read_shards(folder: Path, encoded: list[list[int]]) -> dict[int, Continuation]:
     """The continuations the shards in ``folder`` hold, by prompt index; each must continue its prompt."""
     results = {}
-    for path in sorted(folder.glob("batch-*.pt")):
+    for path in sorted(folder.glob(SHARDS)):
         for c in torch.load(path, map_location="cpu", weights_only=True):
-            i = c["prompt"]
+            i = c.get("prompt", -1)
             if not 0 <= i < len(encoded) or c["tokens"][: c["prompt_length"]] != encoded[i]:
-                raise ValueError(f"{path} holds a continuation of another prompt than prompt {i} of these "
-                                 f"{len(encoded)}: it was made from other prompts. Delete {folder} to start afresh.")
+                raise ValueError(f"{path} does not continue these {len(encoded)} prompts (it names prompt {i}): it "
+                                 f"was made from other prompts or by an older version. Delete {folder} to start "
+                                 "afresh.")
+            if i in results:
+                raise ValueError(f"{path} continues prompt {i} again (another shard in {folder} has it): were two runs "
+                                 "writing here? Delete the folder to start afresh.")
             results[i] = Continuation(c["tokens"], c["prompt_length"], c["hidden"])
     return results
 
@@ -154,7 +163,7 @@ def _read_shards(folder: Path, encoded: list[list[int]]) -> dict[int, Continuati
 def _free_numbers(folder: Path):
     """The shard numbers not yet in ``folder``, in increasing order (a batch lost from the middle of a run is
     redone under its own number, so a sampled batch draws from the seed it had)."""
-    taken = {int(path.stem.split("-")[1]) for path in folder.glob("batch-*.pt")}
+    taken = {int(path.stem.split("-")[1]) for path in folder.glob(SHARDS)}
     return (n for n in itertools.count() if n not in taken)
 
 

@@ -163,8 +163,8 @@ def unrolled(draft: EagleDraft, embedding: nn.Module, tokens: torch.LongTensor, 
     Step s's entry j is the depth-(s + 1) node of a tree rooted at x[j + 1]: token x[j + 1 + s], features the
     output of step s - 1's entry j (step 0: fc of the target's f[j]), position j + s; it attends the step-0
     entries 0..j (what the cache holds at inference) and its own entries of steps 1..s (its ancestors). So only
-    the step-0 keys and values are needed at every entry; the rest is computed at the entries queried (a prompt's
-    entries, which no loss reads, cost their keys and values only)."""
+    the step-0 keys and values are needed at every entry; the rest is computed at the entries queried (the entries
+    before the prompt's second-to-last, which no loss reads, cost their keys and values only)."""
     layer = draft.midlayer
     attention = layer.self_attn
     batch, entries = features.shape[:2]
@@ -179,7 +179,8 @@ def unrolled(draft: EagleDraft, embedding: nn.Module, tokens: torch.LongTensor, 
     def gather(x: torch.Tensor) -> torch.Tensor:  # [b, n, ...] -> [b, m, ...] at the queries
         return x.gather(1, queries.view(*queries.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
 
-    def heads_of(x: torch.Tensor, projection: nn.Linear, count: int, positions: torch.LongTensor) -> torch.Tensor:
+    def heads_of(x: torch.Tensor, projection: nn.Linear, count: int,
+                 positions: torch.LongTensor | None) -> torch.Tensor:
         """[b, len, count * d] -> [b, heads, len, d], rotated to ``positions``, the key/value heads repeated."""
         y = projection(x).view(batch, x.shape[1], count, head_dim).transpose(1, 2)
         if positions is not None:
@@ -189,22 +190,20 @@ def unrolled(draft: EagleDraft, embedding: nn.Module, tokens: torch.LongTensor, 
 
     if draft.rotary_emb.inv_freq.dtype != torch.float32:
         draft.rotary_emb.inv_freq = draft._inv_freq.to(features.device)
-    hidden_all = draft.fc(features)
-    hidden = gather(hidden_all)
-    base_keys = base_values = None
+    hidden = draft.fc(features)
+    embedded = embedding(tokens[:, 1 : 1 + entries]).to(hidden.dtype)
+    x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
+    base_keys = heads_of(x, attention.k_proj, kv_heads, keys.expand(batch, -1))  # every entry: what a tree attends
+    base_values = heads_of(x, attention.v_proj, kv_heads, None)
+    x, hidden = gather(x), gather(hidden)
     chain_keys, chain_values = [], []  # steps 1..s: [b, heads, m, d]
     for step in range(steps):
-        embedded = embedding(tokens.gather(1, queries + 1 + step)).to(hidden.dtype)
-        x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
-        q = heads_of(x, attention.q_proj, heads, queries + step)
-        if step == 0:  # every entry's keys and values: the cache a tree attends
-            embedded = embedding(tokens[:, 1 : 1 + entries]).to(hidden.dtype)
-            x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden_all)], dim=-1)
-            base_keys = heads_of(x, attention.k_proj, kv_heads, keys.expand(batch, -1))
-            base_values = heads_of(x, attention.v_proj, kv_heads, None)
-        else:
+        if step > 0:
+            embedded = embedding(tokens.gather(1, queries + 1 + step)).to(hidden.dtype)
+            x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
             chain_keys.append(heads_of(x, attention.k_proj, kv_heads, queries + step))
             chain_values.append(heads_of(x, attention.v_proj, kv_heads, None))
+        q = heads_of(x, attention.q_proj, heads, queries + step)
         scores = (q @ base_keys.transpose(-1, -2)).float() * scale  # [b, heads, m, n]
         scores = scores.masked_fill(~past, float("-inf"))
         own = [((q * key).sum(-1).float() * scale)[..., None] for key in chain_keys]  # [b, heads, m, 1] each
