@@ -97,8 +97,13 @@ def test_auto_tree_keeps_greedy_output_and_learns_right_heads(target, prompt, he
     stats = hf_spec.last_stats()
     # the first step is scored by the prefill (nothing timed), the second measures plain decoding, then the tree
     assert stats.k_per_step[:3] == [0, 0, 63]
-    accuracy = next(iter(_MEMORY.values())).head_accuracy  # which sizes follow depends on timings; this does not
-    assert all(accuracy.rate(head, 0) > 0.5 for head in range(4))
+    # which sizes follow depends on timings (a loaded CPU may make plain steps win); what the 63 nodes judged does
+    # not: every head was right at rank 0, so each top-1 rate rose above its prior and no other rank gained
+    accuracy = next(iter(_MEMORY.values())).head_accuracy
+    prior = HeadAccuracy(4)
+    for head in range(4):
+        assert accuracy.rate(head, 0) > prior.rate(head, 0)
+        assert all(accuracy.rate(head, rank) <= prior.rate(head, rank) for rank in range(1, prior.top_k))
 
 
 def test_auto_tree_with_wrong_heads_keeps_greedy_output(target, prompt, heads):
