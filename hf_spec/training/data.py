@@ -98,12 +98,14 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    results = {} if shards is None else _read_shards(Path(shards), encoded)
-    numbers = _free_numbers(Path(shards)) if shards is not None else iter(range(len(order)))
+    shards = None if shards is None else Path(shards)
+    results = {} if shards is None else _read_shards(shards, encoded)
+    numbers = itertools.count() if shards is None else _free_numbers(shards)
     todo = [i for i in order if i not in results]
     sampling = {"do_sample": True, "temperature": temperature} if do_sample and temperature else {"do_sample": do_sample}
     kept_at = POSITIONS[positions]
-    bar = tqdm(total=len(order), initial=len(results), desc="self-distillation", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(order), initial=len(results), desc="self-distillation", unit="prompt",
+               disable=not progress)
     for start in range(0, len(todo), batch_size):
         batch, number = todo[start : start + batch_size], next(numbers)
         if do_sample:
@@ -124,7 +126,7 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
             kept += width - prompt_length
             results[i] = Continuation(tokens, prompt_length, along[row, kept].to("cpu", dtype))
         if shards is not None:
-            _write_shard(Path(shards) / f"batch-{number:05d}.pt", {i: results[i] for i in batch})
+            _write_shard(shards / f"batch-{number:05d}.pt", {i: results[i] for i in batch})
         del out, along
         bar.update(len(batch))
     bar.close()

@@ -173,8 +173,8 @@ def unrolled(draft: EagleDraft, embedding: nn.Module, tokens: torch.LongTensor, 
     heads, kv_heads = draft.config.num_attention_heads, draft.config.num_key_value_heads
     head_dim = attention.head_dim
     scale = head_dim ** -0.5
-    keys = torch.arange(entries, device=features.device)
-    past = ((keys[None, None, :] <= queries[:, :, None]) & valid[:, None, :])[:, None]  # [b, 1, m, n]
+    key_positions = torch.arange(entries, device=features.device)
+    past = ((key_positions[None, None, :] <= queries[:, :, None]) & valid[:, None, :])[:, None]  # [b, 1, m, n]
 
     def gather(x: torch.Tensor) -> torch.Tensor:  # [b, n, ...] -> [b, m, ...] at the queries
         return x.gather(1, queries.view(*queries.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
@@ -193,7 +193,8 @@ def unrolled(draft: EagleDraft, embedding: nn.Module, tokens: torch.LongTensor, 
     hidden = draft.fc(features)
     embedded = embedding(tokens[:, 1 : 1 + entries]).to(hidden.dtype)
     x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
-    base_keys = heads_of(x, attention.k_proj, kv_heads, keys.expand(batch, -1))  # every entry: what a tree attends
+    # every entry's keys and values: what a tree attends
+    base_keys = heads_of(x, attention.k_proj, kv_heads, key_positions.expand(batch, -1))
     base_values = heads_of(x, attention.v_proj, kv_heads, None)
     x, hidden = gather(x), gather(hidden)
     chain_keys, chain_values = [], []  # steps 1..s: [b, heads, m, d]
