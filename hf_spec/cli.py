@@ -312,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     eagle.add_argument("--loss-decay", type=decay, default=0.8, help="unrolled step s's loss weight is DECAY ** s")
     eagle.add_argument("--max-new-tokens", type=positive_int, default=128, help="self-distilled continuation length")
     eagle.add_argument("--generation-batch-size", type=positive_int, default=8)
+    eagle.add_argument("--samples-per-prompt", type=positive_int, default=1,
+                       help="also N - 1 sampled continuations of each training prompt (more data)")
+    eagle.add_argument("--temperature", type=positive_float, default=0.7, help="for the extra sampled continuations")
     eagle.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                        help=DTYPE_HELP + "; self-distillation runs in it, and where it is bfloat16 the draft trains "
                                          "with bfloat16 matmuls (torch.autocast; weights and losses float32)")
@@ -524,7 +527,8 @@ def run(args: argparse.Namespace) -> int:
         train_eagle(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
                     max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
                     limit=args.limit, resume=args.resume, dtype=getattr(torch, args.dtype),
-                    train_fraction=args.train_fraction)
+                    train_fraction=args.train_fraction, samples_per_prompt=args.samples_per_prompt,
+                    temperature=args.temperature)
         return 0
     if args.command == "export-eagle":
         from transformers import AutoModelForCausalLM

@@ -250,6 +250,30 @@ def test_train_eagle_end_to_end(tokenizer, tmp_path):
                                           eagle_model=str(out), tree=tree), expected)
 
 
+def test_extra_sampled_continuations_add_training_data_and_keep_what_is_cached(tokenizer, tmp_path):
+    from tests.test_medusa_train import questions_file
+
+    model = tiny_causal_lm("qwen2", seed=0, num_layers=8)
+    data = questions_file(tmp_path, 10)
+    out, config = tmp_path / "draft", EagleTrainConfig(draft_vocab_size=40, ttt_steps=2, epochs=1, batch_size=4)
+    shard = lambda split, sample: out / "cache" / split / f"sample-{sample}" / "batch-00000.pt"
+    counts, written = [], []
+    for samples, temperature in ((1, 1.0), (2, 1.0), (2, 0.5)):
+        printed = []
+        train_eagle(model, out, tokenizer, data, config, max_new_tokens=8, samples_per_prompt=samples,
+                    temperature=temperature, progress=False, print_fn=printed.append, measure=False)
+        line = next(line for line in printed if "training tokens in" in line)  # "... in N continuations, ..."
+        counts.append(int(line.split(" continuations")[0].split()[-1]))
+        written.append([shard(split, 0).stat().st_mtime_ns for split in ("train", "eval")]
+                       + [shard("train", 1).stat().st_mtime_ns if samples > 1 else None])
+    assert counts[1] == counts[2] == 2 * counts[0]
+    assert written[0][:2] == written[1][:2] == written[2][:2]  # greedy and held-out continuations made once
+    assert written[2][2] != written[1][2]  # the extra ones again, at the new temperature
+    for bad in ({"samples_per_prompt": 0}, {"samples_per_prompt": 2, "temperature": 0.0}):
+        with pytest.raises(ValueError, match="samples_per_prompt|temperature"):
+            train_eagle(model, tmp_path / "bad", tokenizer, data, config, progress=False, **bad)
+
+
 SPECULATORS_EXPORT = Path(__file__).parent / "data" / "speculators-export"
 VERIFIER = "tests/data/speculators-verifier"  # from the repository's root, where tox runs
 

@@ -312,9 +312,10 @@ def test_extra_sampled_continuations_add_training_data_only(tokenizer, tmp_path)
         train_medusa(model, out, tokenizer, data, config, max_new_tokens=8, samples_per_prompt=samples,
                      temperature=1.0, progress=False, print_fn=lambda *_: None)
         sizes[samples] = [len(list((out / "cache" / split).glob("sample-*/batch-*.pt"))) for split in ("train", "eval")]
-        written[samples] = (out / "cache" / "eval" / "sample-0" / "batch-00000.pt").stat().st_mtime_ns
-    assert sizes[3][0] == 3 * sizes[1][0] and sizes[3][1] == sizes[1][1]  # the training cache was rebuilt
-    assert written[3] == written[1]  # the held-out cache was reused
+        written[samples] = [(out / "cache" / split / "sample-0" / "batch-00000.pt").stat().st_mtime_ns
+                            for split in ("train", "eval")]
+    assert sizes[3][0] == 3 * sizes[1][0] and sizes[3][1] == sizes[1][1]
+    assert written[3] == written[1]  # the greedy continuations were reused, the held-out ones too
     for bad in ({"samples_per_prompt": 0}, {"samples_per_prompt": 2, "temperature": 0.0}):
         with pytest.raises(ValueError, match="samples_per_prompt|temperature"):
             train_medusa(model, tmp_path / "bad", tokenizer, data, config, progress=False, **bad)

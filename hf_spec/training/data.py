@@ -169,6 +169,15 @@ def _free_numbers(folder: Path):
     return (n for n in itertools.count() if n not in taken)
 
 
+def check_samples(samples_per_prompt: int, temperature: float) -> None:
+    """The extra continuations of a training prompt (``samples_per_prompt`` - 1 of them) are sampled, at
+    ``temperature``: at least one continuation a prompt, and a temperature > 0 when there are extras."""
+    if samples_per_prompt < 1:
+        raise ValueError(f"samples_per_prompt must be >= 1; got {samples_per_prompt}.")
+    if samples_per_prompt > 1 and not temperature > 0:
+        raise ValueError(f"The extra continuations are sampled: temperature must be > 0; got {temperature}.")
+
+
 def frozen_model(model, tokenizer, dtype: torch.dtype = torch.float32):
     """The model a trainer distils (loaded in ``dtype`` when a Hub id or path), frozen, and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -214,36 +223,38 @@ class SelfDistillation:
     def continuations(self, split: str, do_sample: bool, samples: int = 1, temperature: float = 0.7,
                       seed: int = 0) -> list[Continuation]:
         """The split's continuations: one per prompt, as ``do_sample`` says, plus ``samples`` - 1 sampled at
-        ``temperature`` (seeded from ``seed``), from the cache where it holds them."""
-        settings = {**self.settings, "split": split, "do_sample": do_sample}
-        if samples > 1:
-            settings.update(samples_per_prompt=samples, temperature=temperature, seed=seed)
+        ``temperature`` (seeded from ``seed``), from the cache where it holds them. Each continuation set has its
+        own folder and settings (``sample-0``: the split's, in ``settings.json``; an extra one: its temperature
+        and seed too, in its folder), so asking for more or fewer extras keeps what is there."""
+        settings = {**self.settings, "split": split, "do_sample": do_sample, **({"seed": seed} if do_sample else {})}
         folder = self.folder / "cache" / split
-        marker = folder / "settings.json"
-        if folder.is_dir() and (not marker.is_file() or json.loads(marker.read_text()) != settings):
-            shutil.rmtree(folder)  # made with other settings
-        folder.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps(settings, indent=1) + "\n")
+        _matching_folder(folder, settings)
         prompts, continuations = self.prompts[split], []
         for sample in range(samples):
-            sampled = do_sample or sample > 0
+            sampled, sample_seed = do_sample or sample > 0, seed * 1_000_003 + sample * 10_007
+            shards = folder / f"sample-{sample}"
+            if sample > 0:
+                _matching_folder(shards, {"temperature": temperature, "seed": sample_seed})
+            shards.mkdir(exist_ok=True)
             continuations += self_distill(
                 self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size, sampled,
                 progress=self.progress, temperature=temperature if sample > 0 else None, dtype=self.dtype,
-                layers=self.layers, positions=self.positions, shards=_shard_folder(folder, sample),
-                seed=seed * 1_000_003 + sample * 10_007)
+                layers=self.layers, positions=self.positions, shards=shards, seed=sample_seed)
         return continuations
+
+
+def _matching_folder(folder: Path, settings: dict) -> None:
+    """``folder`` with ``settings.json`` saying ``settings``: emptied first if it was made with others."""
+    marker = folder / "settings.json"
+    if folder.is_dir() and (not marker.is_file() or json.loads(marker.read_text()) != settings):
+        shutil.rmtree(folder)  # made with other settings
+    folder.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(settings, indent=1) + "\n")
 
 
 def _digest(path: str | Path) -> str:
     """The file's contents, as a name: the cache follows the prompts, not where the file lies."""
     return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def _shard_folder(folder: Path, sample: int) -> Path:
-    path = folder / f"sample-{sample}"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def spread(items: list, count: int) -> list:

@@ -45,7 +45,7 @@ from ..engine.costs import Costs, best_tree_size
 from ..engine.timing import forward_seconds, median_seconds
 from ..engine.trees import MC_SIM_7B_63, build_tree_buffers, prefix_closed_order
 from ..token_map import TokenMap
-from .data import IGNORE, Continuation, SelfDistillation, frozen_model, spread, training_positions
+from .data import IGNORE, Continuation, SelfDistillation, check_samples, frozen_model, spread, training_positions
 from .medusa_evaluation import NO_TARGET, NOT_IN_TOP_K, Evaluation, accuracy_from_ranks, replayed_tokens_per_step
 from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule,
                            save_checkpoint)
@@ -379,15 +379,22 @@ def train_eagle(model, output_dir: str | Path | None = None, tokenizer=None, pro
                 config: EagleTrainConfig | None = None, eval_every: int = 5, max_new_tokens: int = 128,
                 generation_batch_size: int = 8, limit: int | None = None, resume: bool = False,
                 progress: bool = True, print_fn=print, dtype: torch.dtype = torch.float32,
-                max_steps: int | None = None, measure: bool = True, train_fraction: float = 1.0):
+                max_steps: int | None = None, measure: bool = True, train_fraction: float = 1.0,
+                samples_per_prompt: int = 1, temperature: float = 0.7):
     """The whole recipe (module docstring) for ``model`` (an object or a Hub id / path); returns the trained draft
     and its ``Evaluation`` on the held-out prompts. Files in ``output_dir`` (default ``default_output``): the draft
     (``config.json``, ``model.safetensors``), ``checkpoint.pt``, ``cache/``, ``eval_questions.jsonl``,
     ``evaluation.json`` and ``tree.json`` (the static tree chosen for this machine). ``dtype``: the model's, when
     it is loaded here (self-distillation runs in it; the draft trains in float32, under bf16 autocast with
     ``config.bf16``, and is saved in the model's dtype). ``train_fraction`` < 1 trains on that share of the
-    training continuations, taken evenly over them (the cache holds them all: a data-size probe generates once)."""
+    training continuations, taken evenly over them (the cache holds them all: a data-size probe generates once).
+    ``samples_per_prompt`` > 1 adds that many - 1 continuations of each training prompt sampled at ``temperature``
+    (more data from the same prompts; their tokens count for the draft vocabulary too); held-out prompts are
+    continued once, greedily."""
     config = config or EagleTrainConfig()
+    check_samples(samples_per_prompt, temperature)
+    if not 0 < train_fraction <= 1:
+        raise ValueError(f"train_fraction is a share in (0, 1]; got {train_fraction}.")
     model, tokenizer = frozen_model(model, tokenizer, dtype)
     output_dir = Path(output_dir) if output_dir is not None else default_output(model)
     text = model.config.get_text_config()
@@ -395,9 +402,8 @@ def train_eagle(model, output_dir: str | Path | None = None, tokenizer=None, pro
     pipeline = SelfDistillation(model, tokenizer, output_dir, prompts_path, eval_every, limit, max_new_tokens,
                                 generation_batch_size, layers=aux, positions="all", dtype=model.dtype,
                                 progress=progress, print_fn=print_fn)
-    train = pipeline.continuations("train", do_sample=False, seed=config.seed)
-    if not 0 < train_fraction <= 1:
-        raise ValueError(f"train_fraction is a share in (0, 1]; got {train_fraction}.")
+    train = pipeline.continuations("train", do_sample=False, samples=samples_per_prompt, temperature=temperature,
+                                   seed=config.seed)
     train = spread(train, max(round(train_fraction * len(train)), 1))
     held_out = pipeline.continuations("eval", do_sample=False, seed=config.seed)
     eos = model.generation_config.eos_token_id

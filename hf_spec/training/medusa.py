@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ..medusa.heads import MedusaHeads
 from ..medusa.loading import load_medusa_heads
-from .data import IGNORE, HiddenStates, SelfDistillation, frozen_model
+from .data import IGNORE, HiddenStates, SelfDistillation, check_samples, frozen_model
 from .medusa_evaluation import evaluate_heads
 from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule,
                            save_checkpoint)
@@ -239,10 +239,7 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
     continued once, as ``do_sample`` says. ``dtype``: the base model's, when it is loaded here (self-distillation
     runs in it; the heads' weights stay float32)."""
     config = config or TrainConfig()
-    if samples_per_prompt < 1:
-        raise ValueError(f"samples_per_prompt must be >= 1; got {samples_per_prompt}.")
-    if samples_per_prompt > 1 and not temperature > 0:
-        raise ValueError(f"The extra continuations are sampled: temperature must be > 0; got {temperature}.")
+    check_samples(samples_per_prompt, temperature)
     model, tokenizer = frozen_model(model, tokenizer, dtype)
     recipe = _Recipe(model, tokenizer, Path(output_dir), prompts_path, eval_every, limit, max_new_tokens,
                      generation_batch_size, config.num_heads, progress, print_fn)
