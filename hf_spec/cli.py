@@ -7,6 +7,7 @@ line, ``hf-spec CMD: error: ...``, with exit status 2 and no traceback. A bug st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -247,22 +248,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--output", required=True, help="folder for the heads, checkpoint, cache and evaluation")
     train.add_argument("--data", help="prompts: Spec-Bench style jsonl, jsonl with text/prompt, or a text file "
                                       "(default: the Spec-Bench questions shipped with hf-spec)")
-    train.add_argument("--num-heads", type=positive_int, default=4)
-    train.add_argument("--num-layers", type=positive_int, default=1)
+    train.add_argument("--num-heads", type=positive_int)
+    train.add_argument("--num-layers", type=positive_int)
     train.add_argument("--own-lm-heads", action="store_true",
                        help="train a final Linear per head (upstream layout) instead of sharing the base lm_head")
-    train.add_argument("--epochs", type=positive_int, default=2)
-    train.add_argument("--batch-size", type=positive_int, default=64)
-    train.add_argument("--learning-rate", type=positive_float, default=1e-3)
-    train.add_argument("--loss-decay", type=decay, default=0.8, help="head i's loss weight is DECAY ** i")
+    train.add_argument("--epochs", type=positive_int)
+    train.add_argument("--batch-size", type=positive_int)
+    train.add_argument("--learning-rate", type=positive_float)
+    train.add_argument("--loss-decay", type=decay, help="head i's loss weight is DECAY ** i")
     train.add_argument("--max-new-tokens", type=positive_int, default=128, help="self-distilled continuation length")
     train.add_argument("--generation-batch-size", type=positive_int, default=8)
     train.add_argument("--do-sample", action="store_true", help="sampled continuations instead of greedy")
     train.add_argument("--samples-per-prompt", type=positive_int, default=1,
                        help="also N - 1 sampled continuations of each training prompt (more data)")
     train.add_argument("--temperature", type=positive_float, default=0.7, help="for the extra sampled continuations")
-    train.add_argument("--weight-decay", type=non_negative_float, default=0.0)
-    train.add_argument("--soft-targets", type=probability, default=0.0,
+    train.add_argument("--weight-decay", type=non_negative_float)
+    train.add_argument("--soft-targets", type=probability,
                        help="weight of the base model's own distribution as each head's target (0: the tokens only)")
     train.add_argument("--greedy-targets", action="store_true",
                        help="label each head with what greedy decoding would emit there (heads for greedy decoding)")
@@ -301,15 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
     eagle.add_argument("--output", help="folder for the draft, checkpoint, cache and evaluation (default: "
                                         "$HF_SPEC_MODELS/<model>-eagle3)")
     eagle.add_argument("--data", help="prompts, as for train-medusa (the same split: held-out questions never train)")
-    eagle.add_argument("--draft-vocab-size", type=positive_int, default=32000,
+    eagle.add_argument("--draft-vocab-size", type=positive_int,
                        help="the draft scores the N tokens the model emitted most often (d2t/t2d)")
     eagle.add_argument("--intermediate-size", type=positive_int, help="the draft MLP's width (default: the target's)")
-    eagle.add_argument("--ttt-steps", type=positive_int, default=4,
+    eagle.add_argument("--ttt-steps", type=positive_int,
                        help="training-time test: the draft unrolled N times on its own outputs")
-    eagle.add_argument("--epochs", type=positive_int, default=4)
-    eagle.add_argument("--batch-size", type=positive_int, default=4, help="sequences per step")
-    eagle.add_argument("--learning-rate", type=positive_float, default=5e-4)
-    eagle.add_argument("--loss-decay", type=decay, default=0.8, help="unrolled step s's loss weight is DECAY ** s")
+    eagle.add_argument("--epochs", type=positive_int)
+    eagle.add_argument("--batch-size", type=positive_int, help="sequences per step")
+    eagle.add_argument("--learning-rate", type=positive_float)
+    eagle.add_argument("--loss-decay", type=decay, help="unrolled step s's loss weight is DECAY ** s")
     eagle.add_argument("--max-new-tokens", type=positive_int, default=128, help="self-distilled continuation length")
     eagle.add_argument("--generation-batch-size", type=positive_int, default=8)
     eagle.add_argument("--samples-per-prompt", type=positive_int, default=1,
@@ -475,6 +476,13 @@ def main(argv: list[str] | None = None) -> int:
         subparser.error(_one_line(error))
 
 
+def given_fields(args: argparse.Namespace, config_class: type) -> dict:
+    """The options given on the command line that name a field of the dataclass ``config_class``: the rest keep
+    its defaults, so the defaults are written in one place (the dataclass)."""
+    names = {field.name for field in dataclasses.fields(config_class)}
+    return {name: value for name, value in vars(args).items() if name in names and value is not None}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a parsed and checked subcommand."""
     if args.command in ("demo", "bench", "train-medusa", "evaluate-medusa", "train-eagle"):
@@ -484,10 +492,8 @@ def run(args: argparse.Namespace) -> int:
 
         from .training.medusa import TrainConfig, train_medusa
 
-        config = TrainConfig(num_heads=args.num_heads, num_layers=args.num_layers, shared_lm_head=not args.own_lm_heads,
-                             epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                             loss_decay=args.loss_decay, weight_decay=args.weight_decay, soft_targets=args.soft_targets,
-                             greedy_targets=args.greedy_targets, bf16=args.dtype == "bfloat16")
+        config = TrainConfig(**given_fields(args, TrainConfig), shared_lm_head=not args.own_lm_heads,
+                             bf16=args.dtype == "bfloat16")
         train_medusa(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
                      max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
                      do_sample=args.do_sample, limit=args.limit, samples_per_prompt=args.samples_per_prompt,
@@ -520,10 +526,7 @@ def run(args: argparse.Namespace) -> int:
 
         from .training.eagle import EagleTrainConfig, train_eagle
 
-        config = EagleTrainConfig(draft_vocab_size=args.draft_vocab_size, intermediate_size=args.intermediate_size,
-                                  ttt_steps=args.ttt_steps, epochs=args.epochs, batch_size=args.batch_size,
-                                  learning_rate=args.learning_rate, loss_decay=args.loss_decay,
-                                  bf16=args.dtype == "bfloat16")
+        config = EagleTrainConfig(**given_fields(args, EagleTrainConfig), bf16=args.dtype == "bfloat16")
         train_eagle(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
                     max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
                     limit=args.limit, resume=args.resume, dtype=getattr(torch, args.dtype),

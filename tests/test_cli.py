@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from hf_spec.cli import main
 from hf_spec.demo import run_demo
 
@@ -24,3 +26,20 @@ def test_cli_demo_exit_code(capsys):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "hf_spec.cli", "--help"], capture_output=True, text=True, check=True)
     assert "demo" in out.stdout
+
+
+@pytest.mark.parametrize("command, module, config_name, option, field, value", [
+    ("train-eagle", "hf_spec.training.eagle", "EagleTrainConfig", "--epochs", "epochs", 2),
+    ("train-medusa", "hf_spec.training.medusa", "TrainConfig", "--learning-rate", "learning_rate", 3e-4),
+])
+def test_training_options_left_out_keep_the_config_defaults(command, module, config_name, option, field, value):
+    """The trainers' defaults live in their config dataclasses only: the CLI passes what it was given."""
+    import importlib
+
+    from hf_spec.cli import build_parser, given_fields
+
+    config_class = getattr(importlib.import_module(module), config_name)
+    bare = build_parser().parse_args([command, "--model", "m", "--output", "o"])
+    assert config_class(**given_fields(bare, config_class)) == config_class()
+    given = build_parser().parse_args([command, "--model", "m", "--output", "o", option, str(value)])
+    assert config_class(**given_fields(given, config_class)) == config_class(**{field: value})
