@@ -12,6 +12,7 @@ learns token t + i + 2) and EAGLE drafts (``hf_spec.training.eagle``: three laye
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -229,18 +230,21 @@ class SelfDistillation:
         settings = {**self.settings, "split": split, "do_sample": do_sample, **({"seed": seed} if do_sample else {})}
         folder = self.folder / "cache" / split
         _matching_folder(folder, settings)
-        prompts, continuations = self.prompts[split], []
+        runs = []
         for sample in range(samples):
             sampled, sample_seed = do_sample or sample > 0, seed * 1_000_003 + sample * 10_007
             shards = folder / f"sample-{sample}"
             if sample > 0:
                 _matching_folder(shards, {"temperature": temperature, "seed": sample_seed})
             shards.mkdir(exist_ok=True)
-            continuations += self_distill(
-                self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size, sampled,
-                progress=self.progress, temperature=temperature if sample > 0 else None, dtype=self.dtype,
-                layers=self.layers, positions=self.positions, shards=shards, seed=sample_seed)
-        return continuations
+            runs.append(functools.partial(
+                self_distill, self.model, self.tokenizer, self.prompts[split], self.max_new_tokens, self.batch_size,
+                sampled, temperature=temperature if sample > 0 else None, dtype=self.dtype, layers=self.layers,
+                positions=self.positions, shards=shards, seed=sample_seed))
+        if samples > 1:  # make the missing ones first, so that no other set is held while one is generated
+            for run in runs:
+                run(progress=self.progress)
+        return [continuation for run in runs for continuation in run(progress=self.progress and samples == 1)]
 
 
 def _matching_folder(folder: Path, settings: dict) -> None:
