@@ -236,7 +236,8 @@ class SelfDistillation:
             shards = folder / f"sample-{sample}"
             if sample > 0:
                 _matching_folder(shards, {"temperature": temperature, "seed": sample_seed})
-            shards.mkdir(exist_ok=True)
+            else:
+                shards.mkdir(exist_ok=True)
             runs.append(functools.partial(
                 self_distill, self.model, self.tokenizer, self.prompts[split], self.max_new_tokens, self.batch_size,
                 sampled, temperature=temperature if sample > 0 else None, dtype=self.dtype, layers=self.layers,
