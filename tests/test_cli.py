@@ -4,8 +4,10 @@ import sys
 
 import pytest
 
-from hf_spec.cli import main
+from hf_spec.cli import build_parser, given_fields, main
 from hf_spec.demo import run_demo
+from hf_spec.training.eagle import EagleTrainConfig
+from hf_spec.training.medusa import TrainConfig
 
 
 def test_demo_offline_default():
@@ -28,17 +30,12 @@ def test_console_script_is_installed():
     assert "demo" in out.stdout
 
 
-@pytest.mark.parametrize("command, module, config_name, option, field, value", [
-    ("train-eagle", "hf_spec.training.eagle", "EagleTrainConfig", "--epochs", "epochs", 2),
-    ("train-medusa", "hf_spec.training.medusa", "TrainConfig", "--learning-rate", "learning_rate", 3e-4),
+@pytest.mark.parametrize("command, config_class, option, field, value", [
+    ("train-eagle", EagleTrainConfig, "--epochs", "epochs", 2),
+    ("train-medusa", TrainConfig, "--learning-rate", "learning_rate", 3e-4),
 ])
-def test_training_options_left_out_keep_the_config_defaults(command, module, config_name, option, field, value):
+def test_training_options_left_out_keep_the_config_defaults(command, config_class, option, field, value):
     """The trainers' defaults live in their config dataclasses only: the CLI passes what it was given."""
-    import importlib
-
-    from hf_spec.cli import build_parser, given_fields
-
-    config_class = getattr(importlib.import_module(module), config_name)
     bare = build_parser().parse_args([command, "--model", "m", "--output", "o"])
     assert config_class(**given_fields(bare, config_class)) == config_class()
     given = build_parser().parse_args([command, "--model", "m", "--output", "o", option, str(value)])
