@@ -9,6 +9,7 @@ from transformers import DynamicCache
 
 import hf_spec
 from hf_spec.eagle import EagleDraft, load_eagle_draft
+from hf_spec.engine.schedule import FixedLength
 from hf_spec.testing import tiny_causal_lm
 
 H, HEADS, KV_HEADS, FFN, VOCAB, DRAFT_VOCAB = 32, 4, 2, 64, 99, 40
@@ -273,6 +274,32 @@ def test_auto_node_count_is_exact_and_speculates(target, fitted, prompt):
     assert stats.k_per_step[0] == 0 and max(stats.k_per_step) > 0  # plain decoding measured first, then trees
     assert stats.accepted > 0
 
+
+
+def test_plain_steps_run_no_draft_forward_and_the_deferred_catch_up_is_exact(target, fitted, prompt, monkeypatch):
+    """A plain step (k = 0, as "auto" chooses where trees do not pay) must cost what plain decoding does: the draft
+    catches up on the waiting features at the next proposing step, in one forward, with the same output."""
+    class EveryFourth(FixedLength):  # k = 0, 0, 0, 4, 0, 0, 0, 4, ...
+        def __init__(self, k):
+            super().__init__(k)
+            self.steps = 0
+
+        def next(self):
+            self.steps += 1
+            return self.k if self.steps % 4 == 0 else 0
+
+    draft = fitted["eagle3"]
+    forwards = []
+    monkeypatch.setattr(draft, "forward", lambda *args, **kwargs: forwards.append(1) or type(draft).forward(
+        draft, *args, **kwargs))
+    monkeypatch.setattr("hf_spec.eagle.generate.FixedLength", EveryFourth)
+    out = eagle(target, prompt, draft, num_speculative_tokens=4, tree_depth=3, tree_top_k=4)
+    assert torch.equal(out, plain(target, prompt))
+    steps = hf_spec.last_stats().k_per_step
+    proposing = sum(k > 0 for k in steps)
+    assert proposing and steps.count(0) > proposing
+    # the prompt's catch-up at the first step, then a catch-up and 2 tree levels a proposing step, none else
+    assert proposing < len(forwards) <= 1 + 3 * proposing
 
 def test_streamer_and_return_dict_work_as_for_the_other_strategies(target, fitted, prompt):
     class Collect:

@@ -15,9 +15,11 @@ class EagleProposer:
     """Proposes one tree of ``k`` nodes per row, EAGLE-2's way.
 
     Catch-up: the draft's cache holds one entry per committed token but the first, (token x[j+1], target
-    features f[j]); each call feeds the entries whose features the target gave since the last call (the prompt
-    after the prefill, then the root and the accepted tokens of each step), holes in front for rows that got
-    fewer, and left padding masked. The last entry's output scores the root's children.
+    features f[j]); each proposing call feeds the entries whose features the target gave since the last one (the
+    prompt after the prefill, then the root and the accepted tokens of each step), holes in front for rows that
+    got fewer, and left padding masked. The last entry's output scores the root's children. After the prompt's,
+    a plain step (k = 0) runs no draft forward: its features wait, so that "auto" decoding plainly costs what
+    plain decoding does.
     Tree (``tree_depth`` levels, ``tree_top_k`` wide): the ``tree_top_k`` best children of the root form the
     first beam; each level feeds the beam (each node attends the committed entries and its ancestors), ranks
     every beam node's ``tree_top_k`` best children by cumulative draft log-probability and keeps the best
@@ -49,9 +51,12 @@ class EagleProposer:
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         depth = min(self.depth, max_depth)
+        plain = k == 0 or depth == 0
+        if plain and self.last is not None:  # the features wait for the next proposal's catch-up
+            return Proposal(tokens=rows[0].new_empty(len(rows), 0))
         with torch.no_grad():
-            self._catch_up(rows)
-            if k == 0 or depth == 0 or self.last is None:
+            self._catch_up(rows)  # the prompt at the first call, plain or not: not a cost of each proposal
+            if plain or self.last is None:
                 return Proposal(tokens=rows[0].new_empty(len(rows), 0))
             committed = self.cache.get_seq_length()
             if self.static_tree is not None:  # its own depth, as far as max_length allows
