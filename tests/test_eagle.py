@@ -9,6 +9,7 @@ from transformers import DynamicCache
 
 import hf_spec
 from hf_spec.eagle import EagleDraft, load_eagle_draft
+from hf_spec.engine.auto import TreeConfidence
 from hf_spec.engine.schedule import FixedLength
 from hf_spec.testing import tiny_causal_lm
 
@@ -300,6 +301,26 @@ def test_plain_steps_run_no_draft_forward_and_the_deferred_catch_up_is_exact(tar
     assert proposing and steps.count(0) > proposing
     # the prompt's catch-up at the first step, then a catch-up and 2 tree levels a proposing step, none else
     assert proposing < len(forwards) <= 1 + 3 * proposing
+
+
+def test_a_tree_of_k_nodes_grows_at_most_k_levels(target, fitted, prompt, monkeypatch):
+    """One node needs only the catch-up's output: no tree level runs, and the output is plain generate()'s."""
+    draft = fitted["eagle3"]
+    forwards = []
+    monkeypatch.setattr(draft, "forward", lambda *args, **kwargs: forwards.append(1) or type(draft).forward(
+        draft, *args, **kwargs))
+    out = eagle(target, prompt, draft, num_speculative_tokens=1, tree_depth=5)
+    assert torch.equal(out, plain(target, prompt))
+    assert len(forwards) == sum(k > 0 for k in hf_spec.last_stats().k_per_step)  # a catch-up, no tree level
+
+
+def test_a_shallower_trees_confidence_updates_the_head_of_the_curve():
+    confidence = TreeConfidence(smoothing=0.5)
+    confidence.observe_tree([[0.8, 0.4, 0.2, 0.1]], 4)
+    confidence.observe_tree([[0.6, 0.2]], 2)  # k = 2: the two best nodes, as the full tree's
+    assert confidence.curve == pytest.approx([0.7, 0.3, 0.2, 0.1])
+    confidence.observe_tree([[0.7, 0.3, 0.2, 0.1, 0.05]], 5)
+    assert confidence.curve == pytest.approx([0.7, 0.3, 0.2, 0.1, 0.05])
 
 def test_streamer_and_return_dict_work_as_for_the_other_strategies(target, fitted, prompt):
     class Collect:

@@ -20,7 +20,7 @@ class EagleProposer:
     got fewer, and left padding masked. The last entry's output scores the root's children. After the prompt's,
     a plain step (k = 0) runs no draft forward: its features wait, so that "auto" decoding plainly costs what
     plain decoding does.
-    Tree (``tree_depth`` levels, ``tree_top_k`` wide): the ``tree_top_k`` best children of the root form the
+    Tree (``tree_depth`` levels, at most k: k nodes are at most k deep; ``tree_top_k`` wide): the ``tree_top_k`` best children of the root form the
     first beam; each level feeds the beam (each node attends the committed entries and its ancestors), ranks
     every beam node's ``tree_top_k`` best children by cumulative draft log-probability and keeps the best
     ``tree_top_k`` as the next beam. The ``k`` best candidates overall (ties: shallower first, so every kept
@@ -50,7 +50,7 @@ class EagleProposer:
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
-        depth = min(self.depth, max_depth)
+        depth = min(self.depth, max_depth, k)  # k nodes are at most k deep: no level beyond goes to the target
         plain = k == 0 or depth == 0
         if plain and self.last is not None:  # the features wait for the next proposal's catch-up
             return Proposal(tokens=rows[0].new_empty(len(rows), 0))
@@ -130,9 +130,9 @@ class EagleProposer:
     def _dynamic_proposal(self, depth: int, k: int) -> Proposal:
         """Each row's tree of its k best candidates (``confidence`` hears every candidate's probability)."""
         candidates = self._grow(depth)
-        if self.confidence is not None:
+        if self.confidence is not None:  # the best k candidates, as the full tree's (k nodes are at most k deep)
             best = candidates[1].sort(dim=-1, descending=True).values.exp()
-            self.confidence.observe_tree(best.tolist(), k)
+            self.confidence.observe_tree(best[:, :k if depth < self.depth else None].tolist(), k)
         batch = candidates[0].shape[0]
         trees, tokens = zip(*[_tree_of(*(c[r] for c in candidates), k) for r in range(batch)])
         return Proposal(tokens=torch.stack(tokens), row_trees=tuple(trees))

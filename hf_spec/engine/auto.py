@@ -303,10 +303,9 @@ class TreeConfidence:
         mean = [sum(p[i] for p in probabilities) / len(probabilities) for i in range(width)]
         if self.curve is None:
             self.curve = mean
-        else:
-            width = min(width, len(self.curve))
-            self.curve = [(1 - self.smoothing) * old + self.smoothing * new
-                          for old, new in zip(self.curve[:width], mean[:width])]
+        else:  # a shallower tree (fewer nodes asked for) tells only the head of the curve
+            head = [(1 - self.smoothing) * old + self.smoothing * new for old, new in zip(self.curve, mean)]
+            self.curve = head + self.curve[len(head):] + mean[len(self.curve):]
         self._predicted = sum(sum(p[:verified]) for p in probabilities)
 
     def observe_accepted(self, accepted: list[int]) -> None:
