@@ -314,6 +314,19 @@ def test_a_tree_of_k_nodes_grows_at_most_k_levels(target, fitted, prompt, monkey
     assert len(forwards) == sum(k > 0 for k in hf_spec.last_stats().k_per_step)  # a catch-up, no tree level
 
 
+
+def test_the_catch_up_scores_only_its_last_entry(target, fitted, prompt):
+    """The prompt's catch-up feeds every prompt entry but needs the draft's logits at the last one only."""
+    draft = fitted["eagle3"]
+    scored = []
+    hook = draft.lm_head.register_forward_hook(lambda module, inputs, output: scored.append(inputs[0].shape[1]))
+    try:
+        out = eagle(target, prompt, draft, num_speculative_tokens=1)
+    finally:
+        hook.remove()
+    assert torch.equal(out, plain(target, prompt))
+    assert prompt["input_ids"].shape[1] > 2 and set(scored) == {1}
+
 def test_a_shallower_trees_confidence_updates_the_head_of_the_curve():
     confidence = TreeConfidence(smoothing=0.5)
     confidence.observe_tree([[0.8, 0.4, 0.2, 0.1]], 4)

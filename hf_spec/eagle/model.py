@@ -94,11 +94,12 @@ class EagleDraft(nn.Module):
 
     def forward(self, tokens: torch.LongTensor, features: torch.Tensor, position_ids: torch.LongTensor,
                 attention: torch.BoolTensor, cache, target_embedding: nn.Module, target_head: nn.Module,
-                from_target: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                from_target: bool = True, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [b, n]; features [b, n, F] (the target's, ``from_target``, or the draft's own outputs [b, n, h]);
         attention [b, n, cached + n] (True: query may attend key), the cache gains the n entries.
-        Returns (the draft's outputs [b, n, h], to feed back deeper in a tree; float32 logits [b, n, vocab]
-        over the target's vocabulary, -inf outside the draft's)."""
+        Returns (the draft's outputs [b, n, h], to feed back deeper in a tree; float32 logits [b, m, vocab]
+        over the target's vocabulary, -inf outside the draft's, for the last m = ``logits_to_keep`` entries, 0:
+        all n)."""
         layer = self.layer
         embed = self.embed_tokens if self.embed_tokens is not None else target_embedding
         embedding = embed(tokens).to(features.dtype)
@@ -117,7 +118,8 @@ class EagleDraft(nn.Module):
                                       attention_mask=bias[:, None], **cache_kwargs(layer.self_attn, cache))
         x = x + attended
         x = x + layer.mlp(layer.post_attention_layernorm(x))
+        scored = x[:, -logits_to_keep:] if logits_to_keep else x
         if self.version == 1:
-            return x, target_head(x).float()
-        logits = self.lm_head(self.norm(x)).float()
+            return x, target_head(scored).float()
+        logits = self.lm_head(self.norm(scored)).float()
         return x, logits if self.token_map is None else self.token_map.to_full(logits)

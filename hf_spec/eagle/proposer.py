@@ -100,7 +100,7 @@ class EagleProposer:
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         attention = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)
         positions = (self.valid.sum(-1, keepdim=True) + valid.long().cumsum(-1) - 1).clamp(min=0)
-        hidden, logits = self._feed(tokens, features, attention, positions, from_target=True)
+        hidden, logits = self._feed(tokens, features, attention, positions, from_target=True, logits_to_keep=1)
         self.valid = torch.cat([self.valid, valid], dim=-1)
         fed = torch.tensor(counts, device=self.device) > 0
         if self.last is None:
@@ -109,13 +109,13 @@ class EagleProposer:
             self.last = (torch.where(fed[:, None], hidden[:, -1], self.last[0]),
                          torch.where(fed[:, None], logits[:, -1], self.last[1]))
 
-    def _feed(self, tokens, features, block_attention, positions, from_target: bool):
+    def _feed(self, tokens, features, block_attention, positions, from_target: bool, logits_to_keep: int = 0):
         """Run the draft on a block [batch, n] whose entries attend the valid cached entries and, among the
         block's, where ``block_attention`` [batch, n, n] says."""
         n = tokens.shape[1]
         past = self.valid[:, None, :].expand(-1, n, -1)
         return self.draft(tokens, features, positions, torch.cat([past, block_attention], dim=-1), self.cache,
-                          self.embedding, self.head, from_target=from_target)
+                          self.embedding, self.head, from_target=from_target, logits_to_keep=logits_to_keep)
 
     def _static(self, depth: int) -> TreeBuffers:
         """The static tree's nodes at most ``depth`` deep."""
