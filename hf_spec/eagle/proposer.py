@@ -20,13 +20,13 @@ class EagleProposer:
     got fewer, and left padding masked. The last entry's output scores the root's children. After the prompt's,
     a plain step (k = 0) runs no draft forward: its features wait, so that "auto" decoding plainly costs what
     plain decoding does.
-    Tree (``tree_depth`` levels, at most k: k nodes are at most k deep; ``tree_top_k`` wide): the ``tree_top_k`` best children of the root form the
-    first beam; each level feeds the beam (each node attends the committed entries and its ancestors), ranks
-    every beam node's ``tree_top_k`` best children by cumulative draft log-probability and keeps the best
-    ``tree_top_k`` as the next beam. The ``k`` best candidates overall (ties: shallower first, so every kept
-    node's parent is kept) form the row's tree. The tree's entries leave the draft's cache before the call returns.
-    Candidates are distinct siblings ranked by the raw draft logits, independent of verification's random
-    draws: the tree rule keeps sampling exact.
+    Tree (``tree_depth`` levels, ``tree_top_k`` wide; at most k levels, as k nodes are at most k deep): the
+    ``tree_top_k`` best children of the root form the first beam; each level feeds the beam (each node attends
+    the committed entries and its ancestors), ranks every beam node's ``tree_top_k`` best children by cumulative
+    draft log-probability and keeps the best ``tree_top_k`` as the next beam. The ``k`` best candidates overall
+    (ties: shallower first, so every kept node's parent is kept) form the row's tree. The tree's entries leave
+    the draft's cache before the call returns. Candidates are distinct siblings ranked by the raw draft logits,
+    independent of verification's random draws: the tree rule keeps sampling exact.
     """
 
     name = "eagle"
@@ -130,9 +130,9 @@ class EagleProposer:
     def _dynamic_proposal(self, depth: int, k: int) -> Proposal:
         """Each row's tree of its k best candidates (``confidence`` hears every candidate's probability)."""
         candidates = self._grow(depth)
-        if self.confidence is not None:  # the best k candidates, as the full tree's (k nodes are at most k deep)
+        if self.confidence is not None:  # a shallower tree's best d candidates are the full tree's (each is <= d deep)
             best = candidates[1].sort(dim=-1, descending=True).values.exp()
-            self.confidence.observe_tree(best[:, :k if depth < self.depth else None].tolist(), k)
+            self.confidence.observe_tree(best[:, :depth if depth < self.depth else None].tolist(), k)
         batch = candidates[0].shape[0]
         trees, tokens = zip(*[_tree_of(*(c[r] for c in candidates), k) for r in range(batch)])
         return Proposal(tokens=torch.stack(tokens), row_trees=tuple(trees))
