@@ -276,6 +276,18 @@ def test_auto_node_count_is_exact_and_speculates(target, fitted, prompt):
     assert stats.accepted > 0
 
 
+def test_auto_keeps_its_probe_cadence_in_the_pairs_memory(target, fitted, prompt, monkeypatch):
+    """A pair where plain decoding wins is not probed after 8 plain steps again in every call."""
+    from hf_spec.engine.memory import pair_memory
+    seen = []
+    real = hf_spec.eagle.generate.AutoDynamicTree
+    monkeypatch.setattr("hf_spec.eagle.generate.AutoDynamicTree",
+                        lambda *args, **kwargs: seen.append(kwargs["cadence"]) or real(*args, **kwargs))
+    for _ in range(2):
+        assert torch.equal(eagle(target, prompt, fitted["eagle3"]), plain(target, prompt))
+    assert seen[0] is seen[1] is pair_memory(target, fitted["eagle3"]).probe_cadence
+
+
 
 def test_plain_steps_run_no_draft_forward_and_the_deferred_catch_up_is_exact(target, fitted, prompt, monkeypatch):
     """A plain step (k = 0, as "auto" chooses where trees do not pay) must cost what plain decoding does: the draft

@@ -6,7 +6,7 @@ import hf_spec
 from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa.accuracy import HeadAccuracy
 from hf_spec.medusa.proposer import MedusaProposer
-from hf_spec.engine.auto import AutoTree
+from hf_spec.engine.auto import AutoTree, ProbeCadence
 from hf_spec.engine.costs import Costs
 from hf_spec.testing import oracle_head_logits
 from hf_spec.engine.trees import MC_SIM_7B_63, prefix_closed_order
@@ -65,6 +65,18 @@ def test_probes_back_off_while_plain_decoding_wins():
     choices = [auto.next() for _ in range(100)]
     probes = [i for i, n in enumerate(choices) if n > 0]
     assert probes[:3] == [7, 23, 55]  # after 8, 16, 32 plain steps
+
+
+def test_a_shared_probe_cadence_goes_on_across_calls():
+    """EAGLE's schedules share the pair's cadence: a new call does not probe after 8 plain steps again."""
+    costs, cadence = Costs(verify=dict(CPU_SMALL), propose_step=0.0005), ProbeCadence()
+    accuracy = accuracy_with([0.05, 0.02, 0.01, 0.01])
+    first = AutoTree(costs, accuracy, MC_SIM_7B_63, cadence=cadence)
+    assert [i for i, n in enumerate(first.next() for _ in range(30)) if n > 0] == [7, 23]  # after 8 and 16
+    second = AutoTree(costs, accuracy, MC_SIM_7B_63, cadence=cadence)
+    assert [i for i, n in enumerate(second.next() for _ in range(60)) if n > 0] == [25]  # 32 plain, 6 of them before
+    fresh = AutoTree(costs, accuracy, MC_SIM_7B_63)
+    assert [i for i, n in enumerate(fresh.next() for _ in range(10)) if n > 0] == [7]
 
 
 def test_startup_measures_plain_then_the_whole_tree():

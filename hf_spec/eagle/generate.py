@@ -100,7 +100,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     elif num_speculative_tokens == "auto":
         memory = pair_memory(model, draft, cache_costs)
         memory.tree_confidence = memory.tree_confidence or TreeConfidence()
-        schedule = AutoDynamicTree(memory.costs, memory.tree_confidence, AUTO_MAX_NODES)
+        schedule = AutoDynamicTree(memory.costs, memory.tree_confidence, AUTO_MAX_NODES, cadence=memory.probe_cadence)
         confidence = memory.tree_confidence
     else:
         schedule, confidence = FixedLength(num_speculative_tokens), None

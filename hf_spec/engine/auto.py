@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from dataclasses import dataclass
 
 from .costs import Costs, best_tree_size, expected_tokens_per_step
 from .schedule import Schedule
@@ -226,6 +227,16 @@ class AutoLength(Schedule):
                 self.acceptance += self.smoothing * (self.calibration.rate(c) - self.acceptance)
 
 
+@dataclass
+class ProbeCadence:
+    """While plain decoding wins, a probe step after ``every`` plain steps (``streak`` counts them); ``every``
+    doubles after each probe, up to a maximum, and falls back to the minimum when a tree pays. A schedule given
+    the pair's (EAGLE's, from its ``PairMemory``) goes on across calls instead of probing anew in each."""
+
+    every: int = 8
+    streak: int = 0
+
+
 class AutoTree(Schedule):
     """``tree="auto"`` for Medusa: how many nodes of a nested family to verify each step.
 
@@ -238,10 +249,10 @@ class AutoTree(Schedule):
     """
 
     def __init__(self, costs: Costs, accuracy, paths: list[tuple[int, ...]], probe_every: int = 8,
-                 max_probe_every: int = 128):
+                 max_probe_every: int = 128, cadence: ProbeCadence | None = None):
         self.costs, self.accuracy, self.paths = costs, accuracy, list(paths)
         self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
-        self.probe_every, self.plain_streak = probe_every, 0
+        self.cadence = cadence if cadence is not None else ProbeCadence(probe_every)
         self.probing = False  # the last step chosen is a probe (plain decoding would have won)
 
     def expected(self) -> list[float]:
@@ -264,13 +275,13 @@ class AutoTree(Schedule):
             return 0  # measure plain decoding first
         if not self.measured():
             return self.largest  # then the largest tree, once per pair
-        n = self.best_size()
+        n, cadence = self.best_size(), self.cadence
         if n > 0:
-            self.plain_streak, self.probe_every = 0, self.min_probe_every
+            cadence.streak, cadence.every = 0, self.min_probe_every
             return n
-        self.plain_streak += 1
-        if self.plain_streak == self.probe_every:
-            self.plain_streak, self.probe_every = 0, min(2 * self.probe_every, self.max_probe_every)
+        cadence.streak += 1
+        if cadence.streak >= cadence.every:
+            cadence.streak, cadence.every = 0, min(2 * cadence.every, self.max_probe_every)
             self.probing = True
             return self.best_size(smallest=1)
         return 0
@@ -324,8 +335,9 @@ class AutoNodes(AutoTree):
     """``AutoTree`` for a tree built afresh each step: the n of its best nodes to verify, up to ``max_nodes``, with
     E(n) from ``estimate.expected(max_nodes)`` (an object that learns it: ``TreeConfidence``, ``PositionSurvival``)."""
 
-    def __init__(self, costs: Costs, estimate, max_nodes: int, probe_every: int = 8, max_probe_every: int = 128):
-        super().__init__(costs, None, [], probe_every, max_probe_every)
+    def __init__(self, costs: Costs, estimate, max_nodes: int, probe_every: int = 8, max_probe_every: int = 128,
+                 cadence: ProbeCadence | None = None):
+        super().__init__(costs, None, [], probe_every, max_probe_every, cadence)
         self.estimate, self.max_nodes = estimate, max_nodes
 
     def expected(self) -> list[float]:
@@ -343,8 +355,8 @@ class AutoDynamicTree(AutoNodes):
     largest tree (``max_nodes``) once; while plain decoding wins, probe steps keep the estimates current."""
 
     def __init__(self, costs: Costs, confidence: TreeConfidence, max_nodes: int = 64, probe_every: int = 8,
-                 max_probe_every: int = 128):
-        super().__init__(costs, confidence, max_nodes, probe_every, max_probe_every)
+                 max_probe_every: int = 128, cadence: ProbeCadence | None = None):
+        super().__init__(costs, confidence, max_nodes, probe_every, max_probe_every, cadence)
 
     def measured(self) -> bool:
         return self.costs.propose_step is not None and self.estimate.curve is not None

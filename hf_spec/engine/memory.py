@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .auto import AnswerLengths, ConfidenceCalibration, MatchSurvival
+from .auto import AnswerLengths, ConfidenceCalibration, MatchSurvival, ProbeCadence
 from .costs import Costs
 
 
@@ -17,6 +17,7 @@ class PairMemory:
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
+    probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # EAGLE's, while plain decoding wins
     lookup_survival: MatchSurvival = field(default_factory=MatchSurvival)  # prompt lookup's, by match length
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
