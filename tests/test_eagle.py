@@ -276,6 +276,14 @@ def test_auto_node_count_is_exact_and_speculates(target, fitted, prompt):
     assert stats.accepted > 0
 
 
+def count_forwards(draft, monkeypatch) -> list:
+    """A list that gains an entry at each of the draft's forwards."""
+    forwards = []
+    monkeypatch.setattr(draft, "forward", lambda *args, **kwargs: forwards.append(1) or type(draft).forward(
+        draft, *args, **kwargs))
+    return forwards
+
+
 def test_auto_keeps_its_probe_cadence_in_the_pairs_memory(target, fitted, prompt, monkeypatch):
     """A pair where plain decoding wins is not probed after 8 plain steps again in every call."""
     from hf_spec.engine.memory import pair_memory
@@ -286,7 +294,6 @@ def test_auto_keeps_its_probe_cadence_in_the_pairs_memory(target, fitted, prompt
     for _ in range(2):
         assert torch.equal(eagle(target, prompt, fitted["eagle3"]), plain(target, prompt))
     assert seen[0] is seen[1] is pair_memory(target, fitted["eagle3"]).probe_cadence
-
 
 
 def test_plain_steps_run_no_draft_forward_and_the_deferred_catch_up_is_exact(target, fitted, prompt, monkeypatch):
@@ -302,9 +309,7 @@ def test_plain_steps_run_no_draft_forward_and_the_deferred_catch_up_is_exact(tar
             return self.k if self.steps % 4 == 0 else 0
 
     draft = fitted["eagle3"]
-    forwards = []
-    monkeypatch.setattr(draft, "forward", lambda *args, **kwargs: forwards.append(1) or type(draft).forward(
-        draft, *args, **kwargs))
+    forwards = count_forwards(draft, monkeypatch)
     monkeypatch.setattr("hf_spec.eagle.generate.FixedLength", EveryFourth)
     out = eagle(target, prompt, draft, num_speculative_tokens=4, tree_depth=3, tree_top_k=4)
     assert torch.equal(out, plain(target, prompt))
@@ -318,13 +323,10 @@ def test_plain_steps_run_no_draft_forward_and_the_deferred_catch_up_is_exact(tar
 def test_a_tree_of_k_nodes_grows_at_most_k_levels(target, fitted, prompt, monkeypatch):
     """One node needs only the catch-up's output: no tree level runs, and the output is plain generate()'s."""
     draft = fitted["eagle3"]
-    forwards = []
-    monkeypatch.setattr(draft, "forward", lambda *args, **kwargs: forwards.append(1) or type(draft).forward(
-        draft, *args, **kwargs))
+    forwards = count_forwards(draft, monkeypatch)
     out = eagle(target, prompt, draft, num_speculative_tokens=1, tree_depth=5)
     assert torch.equal(out, plain(target, prompt))
     assert len(forwards) == sum(k > 0 for k in hf_spec.last_stats().k_per_step)  # a catch-up, no tree level
-
 
 
 def test_the_catch_up_scores_only_its_last_entry(target, fitted, prompt):
@@ -339,6 +341,7 @@ def test_the_catch_up_scores_only_its_last_entry(target, fitted, prompt):
     assert torch.equal(out, plain(target, prompt))
     assert prompt["input_ids"].shape[1] > 2 and set(scored) == {1}
 
+
 def test_a_shallower_trees_confidence_updates_the_head_of_the_curve():
     confidence = TreeConfidence(smoothing=0.5)
     confidence.observe_tree([[0.8, 0.4, 0.2, 0.1]], 4)
@@ -346,6 +349,7 @@ def test_a_shallower_trees_confidence_updates_the_head_of_the_curve():
     assert confidence.curve == pytest.approx([0.7, 0.3, 0.2, 0.1])
     confidence.observe_tree([[0.7, 0.3, 0.2, 0.1, 0.05]], 5)
     assert confidence.curve == pytest.approx([0.7, 0.3, 0.2, 0.1, 0.05])
+
 
 def test_streamer_and_return_dict_work_as_for_the_other_strategies(target, fitted, prompt):
     class Collect:
