@@ -11,7 +11,7 @@ from test_sampling_distribution import ALPHA, DRAWS, NEW_TOKENS, SAMPLING, VOCAB
 
 import hf_spec
 from hf_spec.bench.lookup_replay import first_match, replay
-from hf_spec.engine.auto import AutoLookup, MatchSurvival, PositionSurvival
+from hf_spec.engine.auto import AutoLookup, MatchSurvival, PositionSurvival, ProbeCadence
 from hf_spec.engine.costs import Costs
 from hf_spec.engine.proposer import Proposal
 from hf_spec.lookup.hybrid import LookupAndDraftProposer
@@ -367,7 +367,7 @@ def test_auto_lookup_sizes_each_row_by_its_match_length():
 
 def test_auto_lookup_probes_with_a_node_when_plain_decoding_wins():
     schedule = AutoLookup(Costs(verify=dict(BY_WIDTH), propose_step=0.001), _survival({1: 0, 2: 0, 4: 0}),
-                          max_nodes=10, probe_every=2)
+                          max_nodes=10, cadence=ProbeCadence(minimum=2))
     sizes = []
     for _ in range(4):
         k = schedule.next()

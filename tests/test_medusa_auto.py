@@ -79,6 +79,15 @@ def test_a_shared_probe_cadence_goes_on_across_calls():
     assert [i for i, n in enumerate(fresh.next() for _ in range(10)) if n > 0] == [7]
 
 
+def test_a_probe_cadence_doubles_up_to_its_maximum_and_falls_back_when_a_tree_pays():
+    cadence = ProbeCadence(minimum=2, maximum=4)
+    assert [i for i in range(12) if cadence.plain_step()] == [1, 5, 9]  # after 2, 4, 4 plain steps
+    cadence.paid()
+    assert [cadence.plain_step() for _ in range(2)] == [False, True]
+    with pytest.raises(ValueError, match="minimum <= maximum"):
+        ProbeCadence(minimum=16, maximum=8)
+
+
 def test_startup_measures_plain_then_the_whole_tree():
     auto = AutoTree(Costs(), HeadAccuracy(4), MC_SIM_7B_63)
     assert auto.next() == 0

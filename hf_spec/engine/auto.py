@@ -230,11 +230,32 @@ class AutoLength(Schedule):
 @dataclass
 class ProbeCadence:
     """While plain decoding wins, a probe step after ``every`` plain steps (``streak`` counts them); ``every``
-    doubles after each probe, up to a maximum, and falls back to the minimum when a tree pays. A schedule given
-    the pair's (EAGLE's, from its ``PairMemory``) goes on across calls instead of probing anew in each."""
+    starts at ``minimum``, doubles after each probe up to ``maximum``, and falls back to ``minimum`` when a tree
+    pays. A schedule given the pair's (EAGLE's, from its ``PairMemory``) goes on across calls instead of probing
+    anew in each."""
 
-    every: int = 8
+    minimum: int = 8
+    maximum: int = 128
+    every: int | None = None  # the interval now; None: ``minimum``
     streak: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(f"a probe cadence needs 1 <= minimum <= maximum, got {self.minimum} and {self.maximum}")
+        if self.every is None:
+            self.every = self.minimum
+
+    def paid(self) -> None:
+        """A tree paid: back to the shortest interval."""
+        self.streak, self.every = 0, self.minimum
+
+    def plain_step(self) -> bool:
+        """Count a step where plain decoding wins; True when it is due to be a probe instead."""
+        self.streak += 1
+        if self.streak < self.every:
+            return False
+        self.streak, self.every = 0, min(2 * self.every, self.maximum)
+        return True
 
 
 class AutoTree(Schedule):
@@ -248,11 +269,9 @@ class AutoTree(Schedule):
     plain steps (back to 8 when one pays) keeps the accuracy estimate current.
     """
 
-    def __init__(self, costs: Costs, accuracy, paths: list[tuple[int, ...]], probe_every: int = 8,
-                 max_probe_every: int = 128, cadence: ProbeCadence | None = None):
+    def __init__(self, costs: Costs, accuracy, paths: list[tuple[int, ...]], cadence: ProbeCadence | None = None):
         self.costs, self.accuracy, self.paths = costs, accuracy, list(paths)
-        self.min_probe_every, self.max_probe_every = probe_every, max_probe_every
-        self.cadence = cadence if cadence is not None else ProbeCadence(probe_every)
+        self.cadence = cadence if cadence is not None else ProbeCadence()
         self.probing = False  # the last step chosen is a probe (plain decoding would have won)
 
     def expected(self) -> list[float]:
@@ -275,13 +294,11 @@ class AutoTree(Schedule):
             return 0  # measure plain decoding first
         if not self.measured():
             return self.largest  # then the largest tree, once per pair
-        n, cadence = self.best_size(), self.cadence
+        n = self.best_size()
         if n > 0:
-            cadence.streak, cadence.every = 0, self.min_probe_every
+            self.cadence.paid()
             return n
-        cadence.streak += 1
-        if cadence.streak >= cadence.every:
-            cadence.streak, cadence.every = 0, min(2 * cadence.every, self.max_probe_every)
+        if self.cadence.plain_step():
             self.probing = True
             return self.best_size(smallest=1)
         return 0
@@ -335,9 +352,8 @@ class AutoNodes(AutoTree):
     """``AutoTree`` for a tree built afresh each step: the n of its best nodes to verify, up to ``max_nodes``, with
     E(n) from ``estimate.expected(max_nodes)`` (an object that learns it: ``TreeConfidence``, ``PositionSurvival``)."""
 
-    def __init__(self, costs: Costs, estimate, max_nodes: int, probe_every: int = 8, max_probe_every: int = 128,
-                 cadence: ProbeCadence | None = None):
-        super().__init__(costs, None, [], probe_every, max_probe_every, cadence)
+    def __init__(self, costs: Costs, estimate, max_nodes: int, cadence: ProbeCadence | None = None):
+        super().__init__(costs, None, [], cadence)
         self.estimate, self.max_nodes = estimate, max_nodes
 
     def expected(self) -> list[float]:
@@ -354,9 +370,9 @@ class AutoDynamicTree(AutoNodes):
     step, V the target's verify cost by width). As ``AutoTree``: plain decoding first measures V(1), then the
     largest tree (``max_nodes``) once; while plain decoding wins, probe steps keep the estimates current."""
 
-    def __init__(self, costs: Costs, confidence: TreeConfidence, max_nodes: int = 64, probe_every: int = 8,
-                 max_probe_every: int = 128, cadence: ProbeCadence | None = None):
-        super().__init__(costs, confidence, max_nodes, probe_every, max_probe_every, cadence)
+    def __init__(self, costs: Costs, confidence: TreeConfidence, max_nodes: int = 64,
+                 cadence: ProbeCadence | None = None):
+        super().__init__(costs, confidence, max_nodes, cadence)
 
     def measured(self) -> bool:
         return self.costs.propose_step is not None and self.estimate.curve is not None
@@ -433,9 +449,9 @@ class AutoLookup(AutoNodes):
     ``AutoTree``: plain decoding first measures V(1), then the largest size until a step has proposed; while
     plain decoding wins for every class, probe steps (at least one node a row) keep the estimates current."""
 
-    def __init__(self, costs: Costs, survival: MatchSurvival, max_nodes: int = 20, probe_every: int = 8,
-                 max_probe_every: int = 128):
-        super().__init__(costs, survival, max_nodes, probe_every, max_probe_every)
+    def __init__(self, costs: Costs, survival: MatchSurvival, max_nodes: int = 20,
+                 cadence: ProbeCadence | None = None):
+        super().__init__(costs, survival, max_nodes, cadence)
 
     def expected(self) -> list[float]:
         """E(n) of the most promising class, for each n."""
