@@ -1,4 +1,6 @@
 """tree="auto" for Medusa: head accuracy by rank, the tree-size decision on given costs, and greedy equivalence."""
+import importlib
+
 import pytest
 import torch
 
@@ -68,7 +70,7 @@ def test_probes_back_off_while_plain_decoding_wins():
 
 
 def test_a_shared_probe_cadence_goes_on_across_calls():
-    """EAGLE's schedules share the pair's cadence: a new call does not probe after 8 plain steps again."""
+    """Medusa's and EAGLE's schedules share the pair's cadence: a new call does not probe after 8 plain steps again."""
     costs, cadence = Costs(verify=dict(CPU_SMALL), propose_step=0.0005), ProbeCadence()
     accuracy = accuracy_with([0.05, 0.02, 0.01, 0.01])
     first = AutoTree(costs, accuracy, MC_SIM_7B_63, cadence=cadence)
@@ -132,6 +134,19 @@ def test_auto_tree_with_wrong_heads_keeps_greedy_output(target, prompt, heads):
     out = plain(target, prompt, strategy="medusa", medusa_heads=heads, tree="auto", cache_costs=False)
     assert torch.equal(out, expected)
     assert sum(hf_spec.last_stats().k_histogram.values()) == hf_spec.last_stats().steps
+
+
+def test_auto_tree_keeps_its_probe_cadence_in_the_pairs_memory(target, prompt, heads, monkeypatch):
+    """As EAGLE's: heads that do not pay are not probed after 8 plain steps again in every call."""
+    from hf_spec.engine.memory import pair_memory
+    seen = []
+    module = importlib.import_module("hf_spec.medusa.generate")  # the package's ``generate`` is a function
+    monkeypatch.setattr(module, "AutoTree", lambda *args, **kwargs: seen.append(kwargs["cadence"]) or AutoTree(
+        *args, **kwargs))
+    for _ in range(2):
+        assert torch.equal(plain(target, prompt, strategy="medusa", medusa_heads=heads, tree="auto"),
+                           plain(target, prompt))
+    assert seen[0] is seen[1] is pair_memory(target, heads).probe_cadence
 
 
 def test_proposer_subtree_by_size_and_depth(heads):

@@ -231,8 +231,8 @@ class AutoLength(Schedule):
 class ProbeCadence:
     """While plain decoding wins, a probe step after ``every`` plain steps (``streak`` counts them); ``every``
     starts at ``minimum``, doubles after each probe up to ``maximum``, and falls back to ``minimum`` when a tree
-    pays. A schedule given the pair's (EAGLE's, from its ``PairMemory``) goes on across calls instead of probing
-    anew in each."""
+    pays. A schedule given the pair's (Medusa's and EAGLE's, from its ``PairMemory``) goes on across calls instead
+    of probing anew in each; prompt lookup's starts afresh in each call, as its matches depend on the prompt."""
 
     minimum: int = 8
     maximum: int = 128

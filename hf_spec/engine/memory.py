@@ -17,7 +17,7 @@ class PairMemory:
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
-    probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # EAGLE's, while plain decoding wins
+    probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # Medusa's and EAGLE's auto: plain steps
     lookup_survival: MatchSurvival = field(default_factory=MatchSurvival)  # prompt lookup's, by match length
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 

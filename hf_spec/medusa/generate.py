@@ -63,6 +63,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     if memory.head_accuracy is None:
         memory.head_accuracy = HeadAccuracy(heads.num_heads)
     proposer = MedusaProposer(heads, paths, memory.head_accuracy, all_heads=tree == "auto")
-    schedule = AutoTree(memory.costs, memory.head_accuracy, proposer.paths) if tree == "auto" else FixedLength(
-        len(paths))
+    if tree == "auto":
+        schedule = AutoTree(memory.costs, memory.head_accuracy, proposer.paths, cadence=memory.probe_cadence)
+    else:
+        schedule = FixedLength(len(paths))
     return speculative_generate(call, proposer, schedule, rule, verifier)
