@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .costs import Costs, best_tree_size, expected_tokens_per_step
 from .schedule import Schedule
@@ -236,14 +236,13 @@ class ProbeCadence:
 
     minimum: int = 8
     maximum: int = 128
-    every: int | None = None  # the interval now; None: ``minimum``
-    streak: int = 0
+    every: int = field(init=False)  # the interval now
+    streak: int = field(init=False)
 
     def __post_init__(self):
         if not 1 <= self.minimum <= self.maximum:
             raise ValueError(f"a probe cadence needs 1 <= minimum <= maximum, got {self.minimum} and {self.maximum}")
-        if self.every is None:
-            self.every = self.minimum
+        self.paid()
 
     def paid(self) -> None:
         """A tree paid: back to the shortest interval."""
