@@ -191,3 +191,33 @@ def test_every_mode_warms_up_untimed_before_the_timed_runs(monkeypatch):
     assert calls[:2] == [("vanilla", 0), ("auto", 0)]  # the first prompt, untimed, then every prompt timed
     assert len(calls) == 2 + 4 and [(r.mode, r.question_id) for r in runs] == [
         ("vanilla", "1"), ("auto", "1"), ("auto", "2"), ("vanilla", "2")]
+
+
+def test_widths_are_timed_in_rounds_so_drift_moves_them_alike():
+    """Costs decide whether a tree pays by their ratios: each round times every width once (after one warm-up
+    round), on a cache rolled back to the context each time, rather than one width's repeats after another's."""
+    from hf_spec.engine.runner import CachedModel
+    from hf_spec.engine.timing import forward_seconds_by_width
+    from hf_spec.engine.trees import build_tree_buffers
+
+    model = tiny_causal_lm("llama", seed=0)
+    fed, lengths = [], []
+    forward = CachedModel.forward
+
+    def spy(self, tokens, *args, **kwargs):
+        fed.append((tokens.shape[1], kwargs.get("tree_mask") is not None))
+        lengths.append(self.length)
+        return forward(self, tokens, *args, **kwargs)
+
+    CachedModel.forward = spy
+    try:
+        seconds = forward_seconds_by_width(model, 5, {1: None, 3: build_tree_buffers([(0,), (1,)]), 2: None},
+                                           repeats=2)
+    finally:
+        CachedModel.forward = forward
+    assert sorted(seconds) == [1, 2, 3] and all(s > 0 for s in seconds.values())
+    one_round = [(1, False), (3, True), (2, False)]
+    assert fed == [(5, False)] + one_round * 3  # the context, a warm-up round, two timed rounds
+    assert lengths == [0] + [5] * 9  # every block verified on the same context
+    with pytest.raises(ValueError, match="verified 3 wide"):
+        forward_seconds_by_width(model, 5, {4: build_tree_buffers([(0,), (1,)])})

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..engine.costs import Costs
-from ..engine.timing import forward_seconds
+from ..engine.timing import forward_seconds, forward_seconds_by_width
 
 
 def calibrate(target, draft, prompt_length: int, new_tokens: int, widths: list[int], repeats: int = 5,
@@ -12,9 +12,9 @@ def calibrate(target, draft, prompt_length: int, new_tokens: int, widths: list[i
     ``draft_head``: what scores the draft's proposals when not its own output layer (a draft vocabulary)."""
     context = prompt_length + new_tokens // 2
     return Costs(
-        verify={w: forward_seconds(target, context, w, repeats) for w in sorted({1, 2, *widths})},
-        draft={w: forward_seconds(draft, context, w, repeats, head=draft_head) for w in (1, 2)} if draft is not None
-        else {},
+        verify=forward_seconds_by_width(target, context, dict.fromkeys(sorted({1, 2, *widths})), repeats),
+        draft=forward_seconds_by_width(draft, context, dict.fromkeys((1, 2)), repeats, head=draft_head)
+        if draft is not None else {},
         target_prefill=forward_seconds(target, 0, prompt_length, repeats=1),
         draft_prefill=forward_seconds(draft, 0, prompt_length, repeats=1, head=draft_head) if draft is not None
         else 0.0,

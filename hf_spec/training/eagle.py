@@ -42,8 +42,8 @@ from ..eagle.loading import CONFIG_KEYS, aux_layer_ids, load_eagle_draft, save_e
 from ..eagle.model import EagleDraft
 from ..eagle.proposer import EagleProposer
 from ..engine.costs import Costs, best_tree_size
-from ..engine.timing import forward_seconds, median_seconds
-from ..engine.trees import MC_SIM_7B_63, build_tree_buffers, prefix_closed_order
+from ..engine.timing import median_seconds, tree_verify_seconds
+from ..engine.trees import MC_SIM_7B_63, prefix_closed_order
 from ..token_map import TokenMap
 from .data import IGNORE, Continuation, SelfDistillation, check_samples, frozen_model, spread, training_positions
 from .medusa_evaluation import NO_TARGET, NOT_IN_TOP_K, Evaluation, accuracy_from_ranks, replayed_tokens_per_step
@@ -359,9 +359,7 @@ def evaluate_draft(draft: EagleDraft, target, data: list[Continuation], steps: i
     evaluation = Evaluation(accuracy_from_ranks(ranks), paths, replayed_tokens_per_step(ranks, paths, ends),
                             unit="step")
     if measure:
-        verify = {1: forward_seconds(target, context, 1)}
-        for n in sorted({min(size, len(paths)) for size in (1, 2, 4, 8, 16, 32, 64)}):
-            verify[n + 1] = forward_seconds(target, context, n + 1, tree=build_tree_buffers(paths[:n]))
+        verify = tree_verify_seconds(target, context, paths)
         by_size = [0.0] + [propose_seconds(draft, target, context, paths[:n]) for n in range(1, len(paths) + 1)]
         evaluation.costs, evaluation.heads_by_size = Costs(verify=verify, propose_step=by_size[-1]), by_size
         evaluation.chosen_size = best_tree_size(evaluation.replayed, evaluation.costs, propose_steps=by_size)

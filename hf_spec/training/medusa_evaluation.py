@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..engine.costs import Costs, best_tree_size, tree_rate
-from ..engine.timing import forward_seconds, median_seconds
-from ..engine.trees import MC_SIM_7B_63, NAMED_TREES, build_tree_buffers, prefix_closed_order
+from ..engine.timing import median_seconds, tree_verify_seconds
+from ..engine.trees import MC_SIM_7B_63, NAMED_TREES, prefix_closed_order
 from ..medusa.accuracy import HeadAccuracy
 from ..medusa.heads import MedusaHeads
 from .data import IGNORE, HiddenStates
@@ -102,9 +102,7 @@ def measure_costs(model, heads: MedusaHeads, context: int, paths: list[tuple[int
     """V(n + 1) for prefixes of n nodes of ``paths`` (verified as trees, with their attention masks: what a
     step costs), on a cache warm with ``context`` tokens, V(1) (plain decoding) and H (every head); and H for
     each prefix size n = 0..len(paths): the time of the heads its depth reaches, all a fixed tree runs."""
-    verify = {1: forward_seconds(model, context, 1)}
-    for n in sorted({min(size, len(paths)) for size in sizes}):
-        verify[n + 1] = forward_seconds(model, context, n + 1, tree=build_tree_buffers(paths[:n]))
+    verify = tree_verify_seconds(model, context, paths, sizes)
     by_depth = [0.0] + [heads_seconds(heads, num_heads=d) for d in range(1, heads.num_heads + 1)]
     depths = [0, *torch.tensor([len(p) for p in paths]).cummax(0).values.tolist()]
     return Costs(verify=verify, propose_step=by_depth[-1]), [by_depth[d] for d in depths]
