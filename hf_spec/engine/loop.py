@@ -99,6 +99,7 @@ class _Decoding:
     def step(self, k: int) -> None:
         """One verification step with up to k proposals per row."""
         spent = (self.stats.propose_s, self.stats.verify_s)
+        carries_prompt = self.prompt_left
         with self.timer("propose_s"):
             proposal = self.propose(k)
         with self.timer("verify_s"):
@@ -112,6 +113,9 @@ class _Decoding:
         self.schedule.observe(proposal.k, [a for a, path in zip(accepted, kept) if path],
                               self.stats.propose_s - spent[0], verify_s, self.confidence)
         self.roll_back(block_start, kept, accepted, output.hidden)
+        if carries_prompt:  # this step prefilled the target (and a draft model, proposing): its time is prefill
+            self.stats.prefill_s += self.stats.propose_s - spent[0] + self.stats.verify_s - spent[1]
+            self.stats.propose_s, self.stats.verify_s = spent
 
     def propose(self, k: int) -> Proposal:
         longest = max(row.shape[1] for row, done in zip(self.rows, self.finished) if not done)

@@ -44,7 +44,7 @@ class SpecStats:
     k_per_step: list[int] = field(default_factory=list)
     batch_size: int = 1
     rows: list["SpecStats"] = field(default_factory=list)  # a batch's rows (empty for one row)
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0  # until the prompt is in the target's cache (a step that carried it counts whole)
     propose_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
