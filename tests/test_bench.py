@@ -221,3 +221,25 @@ def test_widths_are_timed_in_rounds_so_drift_moves_them_alike():
     assert lengths == [0] + [5] * 9  # every block verified on the same context
     with pytest.raises(ValueError, match="verified 3 wide"):
         forward_seconds_by_width(model, 5, {4: build_tree_buffers([(0,), (1,)])})
+
+
+def test_plot_draws_modes_without_k_as_levels(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from hf_spec.bench.report import plot
+
+    rows = [{"mode": "vanilla", "category": "all", "speedup": 1.0},
+            {"mode": "draft@3", "category": "all", "speedup": 1.07, "acceptance_rate": 0.64},
+            {"mode": "draft@5", "category": "all", "speedup": 1.01, "acceptance_rate": 0.55},
+            {"mode": "vanilla-again", "category": "all", "speedup": 0.97},
+            {"mode": "eagle", "category": "all", "speedup": 1.05, "acceptance_rate": 0.25},
+            {"mode": "eagle", "category": "coding", "speedup": 0.98, "acceptance_rate": 0.15}]
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path: saved.append(figure))
+    plot(tmp_path / "bench.png", rows)
+    speed, accept = saved[0].axes
+    assert [line.get_label() for line in speed.get_lines()][:3] == ["draft", "vanilla-again", "eagle"]
+    assert [line.get_label() for line in accept.get_lines()] == ["draft", "eagle"]
+    eagle = speed.get_lines()[2]
+    assert list(eagle.get_ydata()) == [1.05, 1.05]  # the overall row, across the whole k axis

@@ -1,6 +1,7 @@
 """Aggregate bench runs into the seed article's table (plus what it lacked), JSON and a plot."""
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from dataclasses import asdict
@@ -157,13 +158,23 @@ def plot(path, rows: list[dict]) -> None:
         raise ValueError(PLOT_NEEDS) from error
     figure, (speed_axis, accept_axis) = plt.subplots(1, 2, figsize=(10, 4))
     overall = [r for r in rows if r["category"] == "all" and "@" in r["mode"]]
-    for family in dict.fromkeys(r["mode"].split("@")[0] for r in overall):
+    families = list(dict.fromkeys(r["mode"].split("@")[0] for r in overall))
+    for color, family in enumerate(families):
         family_rows = sorted((r for r in overall if r["mode"].startswith(family + "@")),
                              key=lambda r: int(r["mode"].split("@")[1]))
         ks = [int(r["mode"].split("@")[1]) for r in family_rows]
-        speed_axis.plot(ks, [r["speedup"] for r in family_rows], marker="o", label=family)
+        style = {"marker": "o", "color": f"C{color}", "label": family}
+        speed_axis.plot(ks, [r["speedup"] for r in family_rows], **style)
         if any(r.get("acceptance_rate") is not None for r in family_rows):
-            accept_axis.plot(ks, [r.get("acceptance_rate") for r in family_rows], marker="o", label=family)
+            accept_axis.plot(ks, [r.get("acceptance_rate") for r in family_rows], **style)
+    # modes without a fixed k (auto, eagle, medusa, lookup; vanilla-again, the noise floor) as levels across k
+    levels = [r for r in rows if r["category"] == "all" and "@" not in r["mode"] and r["mode"] != "vanilla"]
+    dashes = itertools.cycle([":", "-.", (0, (5, 2)), (0, (1, 3, 5, 3))])
+    for color, (row, dash) in enumerate(zip(levels, dashes), start=len(families)):
+        style = {"color": f"C{color % 10}", "linestyle": dash, "linewidth": 1.5, "label": row["mode"]}
+        speed_axis.axhline(row["speedup"], **style)
+        if row.get("acceptance_rate") is not None:
+            accept_axis.axhline(row["acceptance_rate"], **style)
     speed_axis.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     speed_axis.set(xlabel="k (speculative tokens)", ylabel="speedup vs plain generate", title="speed")
     accept_axis.set(xlabel="k (speculative tokens)", ylabel="acceptance rate", title="acceptance", ylim=(0, 1))
