@@ -357,3 +357,15 @@ def test_verify_costs_are_measured_as_tree_prefixes(small_model):
     assert len(set(heads_by_size[2:])) == 1  # by the prefix's depth: 2 from the second node on
     with pytest.raises(ValueError, match="verified 3 wide"):
         forward_seconds(small_model, 8, 4, tree=build_tree_buffers(paths[:2]))
+
+
+def test_a_shared_lm_head_set_on_the_heads_stays_out_of_their_state_dict(small_model):
+    """bf16 training swaps in a bfloat16 copy of the base lm_head by assignment; nn.Module would register it as a
+    submodule and save it with the heads, which then no longer load (strictly)."""
+    heads = MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True)
+    keys = set(heads.state_dict())
+    copy = torch.nn.Linear(small_model.config.hidden_size, small_model.config.vocab_size, bias=False)
+    heads.base_lm_head = copy
+    assert heads.base_lm_head is copy and set(heads.state_dict()) == keys
+    heads.base_lm_head = None
+    assert heads.base_lm_head is None and set(heads.state_dict()) == keys

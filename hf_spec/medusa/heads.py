@@ -110,6 +110,12 @@ class MedusaHeads(nn.Module):
     def base_lm_head(self, lm_head: nn.Module | None) -> None:
         self._base_lm_head[:] = [] if lm_head is None else [lm_head]
 
+    def __setattr__(self, name: str, value) -> None:
+        if name == "base_lm_head":  # nn.Module would register a module value as a submodule (saved with the heads)
+            type(self).base_lm_head.fset(self, value)
+        else:
+            super().__setattr__(name, value)
+
     def attach(self, model) -> "MedusaHeads":
         """Shared layout: use ``model``'s lm_head as every head's final layer (checked to fit)."""
         check_fits(self.hidden_size, self.vocab_size, model)
