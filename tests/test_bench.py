@@ -193,7 +193,7 @@ def test_every_mode_warms_up_untimed_before_the_timed_runs(monkeypatch):
         ("vanilla", "1"), ("auto", "1"), ("auto", "2"), ("vanilla", "2")]
 
 
-def test_widths_are_timed_in_rounds_so_drift_moves_them_alike():
+def test_widths_are_timed_in_rounds_so_drift_moves_them_alike(monkeypatch):
     """Costs decide whether a tree pays by their ratios: each round times every width once (after one warm-up
     round), on a cache rolled back to the context each time, rather than one width's repeats after another's."""
     from hf_spec.engine.runner import CachedModel
@@ -209,12 +209,8 @@ def test_widths_are_timed_in_rounds_so_drift_moves_them_alike():
         lengths.append(self.length)
         return forward(self, tokens, *args, **kwargs)
 
-    CachedModel.forward = spy
-    try:
-        seconds = forward_seconds_by_width(model, 5, {1: None, 3: build_tree_buffers([(0,), (1,)]), 2: None},
-                                           repeats=2)
-    finally:
-        CachedModel.forward = forward
+    monkeypatch.setattr(CachedModel, "forward", spy)
+    seconds = forward_seconds_by_width(model, 5, {1: None, 3: build_tree_buffers([(0,), (1,)]), 2: None}, repeats=2)
     assert sorted(seconds) == [1, 2, 3] and all(s > 0 for s in seconds.values())
     one_round = [(1, False), (3, True), (2, False)]
     assert fed == [(5, False)] + one_round * 3  # the context, a warm-up round, two timed rounds

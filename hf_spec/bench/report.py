@@ -163,7 +163,7 @@ def plot(path, rows: list[dict]) -> None:
         family_rows = sorted((r for r in overall if r["mode"].startswith(family + "@")),
                              key=lambda r: int(r["mode"].split("@")[1]))
         ks = [int(r["mode"].split("@")[1]) for r in family_rows]
-        style = {"marker": "o", "color": f"C{color}", "label": family}
+        style = {"marker": "o", "color": f"C{color % 10}", "label": family}
         speed_axis.plot(ks, [r["speedup"] for r in family_rows], **style)
         if any(r.get("acceptance_rate") is not None for r in family_rows):
             accept_axis.plot(ks, [r.get("acceptance_rate") for r in family_rows], **style)
