@@ -41,9 +41,10 @@ def _model_key(model) -> tuple:
     return (model.name_or_path or id(model), str(model.device), str(model.dtype), str(quantization))
 
 
-def pair_memory(target, draft, cache_costs: bool = True) -> PairMemory:
+def pair_memory(target, draft, cache_costs: bool = True, variant: str = "") -> PairMemory:
     """The memory kept for this (target, draft) pair on this device and dtype, or a fresh one. ``draft``: a model,
-    Medusa heads, or a name for a proposer without weights (e.g. "prompt_lookup")."""
+    Medusa heads, or a name for a proposer without weights (e.g. "prompt_lookup"); ``variant``: a way of proposing
+    with that draft whose costs and acceptance are its own (e.g. "parallel": one forward for k tokens)."""
     if not cache_costs:
         return PairMemory()
-    return _MEMORY.setdefault((_model_key(target), _model_key(draft)), PairMemory())
+    return _MEMORY.setdefault((_model_key(target), _model_key(draft), variant), PairMemory())
