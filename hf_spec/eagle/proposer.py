@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
-from ..engine.auto import TreeConfidence
 from ..engine.cache import rollback
 from ..engine.proposer import Proposal
 from ..engine.trees import TreeBuffers, build_tree_buffers
+from .auto import TreeConfidence
 from .model import EagleDraft
 
 
