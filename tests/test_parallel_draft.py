@@ -8,7 +8,8 @@ import torch
 
 import hf_spec
 from hf_spec.draft.parallel import ParallelDraftProposer, ParallelLength, pard_token_of, uses_parallel_drafting
-from hf_spec.engine.auto import AutoLength, ConfidenceCalibration
+from hf_spec.engine.auto import AutoLength
+from hf_spec.engine.estimates import ConfidenceCalibration
 from hf_spec.engine.costs import Costs, parallel_step_seconds, predicted_speedup
 from hf_spec.testing import perturbed_draft, tiny_causal_lm
 
@@ -43,37 +44,8 @@ def plain(target, inputs, **kwargs):
     return target.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, **kwargs)
 
 
-def seam_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, draft_model=None,
-                  num_speculative_tokens=3, parallel_draft=None, prompt_lookup=False, cache_costs=True,
-                  draft_vocab_size=None, draft_quantization=None, **model_kwargs):
-    """The draft strategy with the parallel proposer, until hf_spec.draft.generate takes parallel_draft=."""
-    from hf_spec.draft.generate import draft_proposer, draft_schedule, draft_token_map
-    from hf_spec.draft.loading import resolve_draft_and_tokenizers
-    from hf_spec.draft.parallel import parallel_auto_length
-    from hf_spec.engine.call import DecodingCall
-    from hf_spec.engine.loop import speculative_generate
-    from hf_spec.lookup.generate import LOOKUP_OPTIONS
-    from hf_spec.lookup.hybrid import beside_prompt_lookup
-
-    call = DecodingCall.of("draft", model, input_ids, logits_processor, stopping_criteria, generation_config,
-                           own_options=LOOKUP_OPTIONS if prompt_lookup else (), **model_kwargs)
-    draft = resolve_draft_and_tokenizers(draft_model, model, draft_quantization=draft_quantization)
-    proposer = draft_proposer(draft, call, draft_vocab_size)
-    schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs)
-    if uses_parallel_drafting(draft.model, parallel_draft):
-        token_map = draft_token_map(draft_vocab_size, draft.model, call.input_ids, call.generation_config)
-        proposer = ParallelDraftProposer(draft.model, call.padding_mask, call.batch_size, token_map)
-        if num_speculative_tokens == "auto":
-            schedule = parallel_auto_length(model, draft.model, call.do_sample, cache_costs)
-    if prompt_lookup:
-        proposer, schedule = beside_prompt_lookup(proposer, schedule, call, draft.model, num_speculative_tokens,
-                                                  cache_costs)
-    return speculative_generate(call, proposer, schedule)
-
-
 def speculative(target, inputs, draft, k=3, **kwargs):
-    return plain(target, inputs, custom_generate=seam_generate, draft_model=draft, num_speculative_tokens=k,
-                 **kwargs)
+    return plain(target, inputs, strategy="draft", draft_model=draft, num_speculative_tokens=k, **kwargs)
 
 
 # ---- detection ----------------------------------------------------------------------------------------------------

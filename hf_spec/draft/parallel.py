@@ -19,7 +19,6 @@ from transformers import LogitsProcessorList, PretrainedConfig
 
 from ..engine.auto import AutoLength
 from ..engine.costs import parallel_width
-from ..engine.memory import pair_memory
 from ..engine.proposer import Proposal
 from ..token_map import TokenMap
 from .proposer import DraftModelProposer
@@ -40,9 +39,10 @@ def pard_token_of(config: PretrainedConfig) -> int | None:
     return token
 
 
-def uses_parallel_drafting(draft, parallel_draft: bool | None) -> bool:
+def uses_parallel_drafting(draft, parallel_draft: bool | None, same_tokenizer: bool = True) -> bool:
     """Whether ``draft`` proposes in parallel: ``parallel_draft`` None detects it (a ``pard_token`` in its config),
-    False forces the chain, True asks for it (refused for a draft without the token)."""
+    False forces the chain, True asks for it (refused for a draft without the token). A draft with another tokenizer
+    than the target's proposes through text, a chain (``same_tokenizer`` False): detected, it runs so; asked, refused."""
     if parallel_draft is not None and not isinstance(parallel_draft, bool):
         raise ValueError(f"parallel_draft must be None (detect), True or False; got {parallel_draft!r}.")
     token = pard_token_of(draft.config) if parallel_draft is not False else None
@@ -50,7 +50,10 @@ def uses_parallel_drafting(draft, parallel_draft: bool | None) -> bool:
         raise ValueError("parallel_draft=True needs a parallel draft: one whose config has pard_token (the mask "
                          "token it was trained to read, e.g. amd/PARD-Qwen2.5-0.5B). This draft has none: drop "
                          "parallel_draft=, or adapt the draft with hf_spec.training.pard.train_pard.")
-    return token is not None
+    if parallel_draft and not same_tokenizer:
+        raise ValueError("parallel_draft=True needs a draft with the target's tokenizer: a draft with another one "
+                         "proposes through text, one token at a time. Drop parallel_draft=.")
+    return token is not None and same_tokenizer
 
 
 class ParallelDraftProposer(DraftModelProposer):
@@ -146,12 +149,3 @@ class ParallelLength(AutoLength):
         if k > 0:
             self.last_accepted = max(accepted, default=0)
 
-
-def parallel_auto_length(target, draft, do_sample: bool = False, cache_costs: bool = True) -> ParallelLength:
-    """"auto" for a parallel draft, its costs and calibrations kept for the pair apart from the same draft's as a
-    chain (``pair_memory`` variant "parallel": its acceptance falls faster with the position, its costs are by
-    width)."""
-    memory = pair_memory(target, draft, cache_costs, variant="parallel")
-    return ParallelLength(memory.costs, memory.calibration_for(do_sample),
-                          draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
-                          realised=memory.realised_for(do_sample), lengths=memory.answer_lengths)
