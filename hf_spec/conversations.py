@@ -128,7 +128,7 @@ class Reading:
         lines = []
         for what, counts in (("records", self.skipped), ("files", self.files_left_out)):
             if counts:
-                reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+                reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
                 lines.append(f"skipped {sum(counts.values())} {what}: {reasons}")
         return lines + self.notes
 
