@@ -115,8 +115,8 @@ class RecordError(ValueError):
 @dataclass
 class Reading:
     """What a reader found: the conversations in order, the bad records skipped (count by reason: only with
-    ``skip_bad_records``), files of a folder left out (count by reason), and notes (e.g. a JSON array cut off
-    mid-record, read up to the cut)."""
+    ``skip_bad_records``), files of a folder left out (count by reason), and notes (e.g. where a JSON array is
+    cut off). Lines say what happened to the source without naming it: the caller prefixes its name."""
 
     conversations: list[Conversation] = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)
@@ -124,13 +124,18 @@ class Reading:
     notes: list[str] = field(default_factory=list)
 
     def report(self) -> list[str]:
-        """Lines a command prints: e.g. "skipped 3 records of data.jsonl: 2 not JSON, 1 unknown role 'tool'"."""
+        """Lines a command prints after the source's name: e.g. "skipped 3 records: 2 not JSON, 1 unknown 'role'",
+        "cut off inside record 9 (line 310): read the 8 records before the cut"."""
         lines = []
         for what, counts in (("records", self.skipped), ("files", self.files_left_out)):
             if counts:
-                reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-                lines.append(f"skipped {sum(counts.values())} {what}: {reasons}")
+                lines.append(f"skipped {sum(counts.values())} {what}: {counts_text(counts)}")
         return lines + self.notes
+
+
+def counts_text(counts: Counter) -> str:
+    """Counts by reason, most first: e.g. "2 not JSON, 1 an empty turn"."""
+    return ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def read_conversations(path: str | Path, skip_bad_records: bool = False, max_file_bytes: int = 1 << 20) -> Reading:
@@ -217,7 +222,7 @@ def _array_records(text: str, path: Path, reading: Reading):
         return _check_end(text, position, path)
     while True:
         if position >= len(text):
-            reading.notes.append(f"{path} is cut off after record {number}: read the {number} records before the cut")
+            reading.notes.append(f"cut off after record {number}: read the {number} records before the cut")
             return
         number += 1
         where = f"record {number} (line {lines.at(position)})"
@@ -225,7 +230,7 @@ def _array_records(text: str, path: Path, reading: Reading):
             value, position = decoder.raw_decode(text, position)
         except json.JSONDecodeError as error:
             if _cut_off(text, error):
-                reading.notes.append(f"{path} is cut off inside {where}: read the {number - 1} records before the "
+                reading.notes.append(f"cut off inside {where}: read the {number - 1} records before the "
                                      "cut")
                 return
             raise RecordError(path, where, "not JSON", f"{error.msg} at line {error.lineno} column {error.colno}; a "

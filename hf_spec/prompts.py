@@ -34,6 +34,9 @@ def load_prompts(path: str | Path | None = None, per_category: int | None = None
     with ``skip_bad_records`` skipped, and the count printed with ``print_fn``); see ``select_prompts`` for
     ``per_category``, ``categories`` and ``limit``."""
     path = Path(path) if path else SPEC_BENCH_QUESTIONS
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder: a folder's files are training documents (plain text), not prompts. "
+                         "Pass a prompts file.")
     if not path.is_file():
         raise FileNotFoundError(f"No prompts file at {path}: pass a jsonl (Spec-Bench format, ShareGPT, OpenAI "
                                 "messages, or a 'text' or 'prompt' field a line), a .json array of such records, "

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Collection, Iterator
 
-from ..conversations import Conversation, Message, Reading, content_id
+from ..conversations import Conversation, Message, Reading, content_id, counts_text
 
 TEST_FOLDERS = frozenset({"test", "tests", "testing", "idle_test", "unittests"})
 NOT_MODULES = frozenset({"site-packages", "dist-packages", "lib-dynload", "__pycache__"})
@@ -59,9 +59,8 @@ def python_function_conversations(roots: list[Path], source: str, packages: Coll
                     continue
                 reading.conversations.append(
                     function_conversation(node, qualname, module, lines, source, f"{relative}:{node.lineno}"))
-    reasons = ", ".join(f"{n} {reason}" for reason, n in left_out.most_common())
-    reading.notes.append(f"{source}: {len(reading.conversations)} functions from {modules} modules"
-                         + (f" (left out {sum(left_out.values())} functions: {reasons})" if left_out else ""))
+    reading.notes.append(f"{len(reading.conversations)} functions from {modules} modules"
+                         + (f" (left out {sum(left_out.values())} functions: {counts_text(left_out)})" if left_out else ""))
     return reading
 
 
@@ -124,9 +123,9 @@ def function_conversation(node, qualname: str, module: str, lines: list[str], so
                           ) -> Conversation:
     """The user asks for the function by name, signature, module and the docstring's first paragraph; the
     assistant answers with its source (decorators and docstring included) in a ```python block."""
-    signature = ast.unparse(node.args) + (f" -> {ast.unparse(node.returns)}" if node.returns else "")
+    returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
     kind = "method" if "." in qualname else "function"
-    question = (f"Write a Python {kind} `{qualname}({signature})` ({module}): "
+    question = (f"Write a Python {kind} `{qualname}({ast.unparse(node.args)}){returns}` ({module}): "
                 f"{_first_paragraph(ast.get_docstring(node))}")
     code = textwrap.dedent("\n".join(_source_lines(node, lines)))
     messages = (Message("user", question), Message("assistant", f"```python\n{code}\n```"))

@@ -51,8 +51,9 @@ def _data_spec(part: str) -> DataSpec:
         try:
             weight = float(tail)
         except ValueError:
-            raise ValueError(f"Data source {part!r}: the weight after the last ':' must be a number, e.g. "
-                             f"{source}:2") from None
+            raise FileNotFoundError(f"Data source {part!r} is neither a file, a folder nor a built-in source "
+                                    f"({', '.join(BUILTIN_SOURCES)}); a weight goes after the last ':', e.g. "
+                                    f"{source}:2") from None
         if not math.isfinite(weight) or weight <= 0:
             raise ValueError(f"Data source {part!r}: the weight must be a positive number, not {tail}.")
     if source not in BUILTIN_SOURCES and not Path(source).exists():
