@@ -158,3 +158,18 @@ def test_read_sources_deduplicates_and_reports(tmp_path):
     assert printed == [f"{path}: skipped 1 records: 1 'conversations' is not a non-empty list",
                        f"{path}: 1 conversations (weight 2); dropped 1 sharing a 13-gram with held-out questions"]
     assert read_conversations(path, skip_bad_records=True).conversations[0].prompt == question
+
+
+def test_self_distillation_skips_and_counts_bad_prompt_records_when_asked(tmp_path):
+    from hf_spec.testing import tiny_causal_lm
+    from hf_spec.training.data import SelfDistillation
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question_id": i, "turns": [f"question {i}"]}) + "\n" for i in range(1, 11))
+                    + '{"turns": "a string"}\n')
+    model = tiny_causal_lm("llama", seed=0, vocab_size=24, hidden_size=32)
+    with pytest.raises(ValueError, match="q.jsonl, line 11: 'turns' is not a non-empty list"):
+        SelfDistillation(model, None, tmp_path / "out", path, print_fn=lambda line: None)
+    printed = []
+    data = SelfDistillation(model, None, tmp_path / "out", path, skip_bad_records=True, print_fn=printed.append)
+    assert printed[0] == f"{path}: skipped 1 records: 1 'turns' is not a non-empty list"
+    assert [p.question_id for p in data.prompts["eval"]] == ["5", "10"] and len(data.prompts["train"]) == 8
