@@ -83,6 +83,9 @@ def test_the_mask_token_is_a_spare_row_a_reserved_token_or_asked_for(tokenizer):
     reserved = char_tokenizer()
     reserved.add_special_tokens({"additional_special_tokens": ["<|reserved_special_token_0|>"]})
     assert choose_pard_token(tiny_causal_lm("llama", vocab_size=len(reserved)), reserved) == VOCAB_SIZE
+    padded = char_tokenizer()
+    padded.add_tokens(["[PAD99]", "[PAD100]"])  # a tokenizer padded to its embedding's size, as a Qwen2.5 copy here
+    assert choose_pard_token(tiny_causal_lm("llama", vocab_size=len(padded)), padded) == VOCAB_SIZE
     with pytest.raises(ValueError, match="pard_token must be 'auto' or an id"):
         choose_pard_token(exact, tokenizer, VOCAB_SIZE)
 

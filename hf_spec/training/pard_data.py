@@ -10,6 +10,7 @@ its text.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 
 import torch
@@ -17,14 +18,17 @@ import torch
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
+# tokens that hold a place and mean nothing: Llama 3's, a tokenizer padded to its embedding's size, Gemma's
+UNUSED_NAME = re.compile(r"^(<\|reserved_special_token_\d+\|>|\[PAD\d+\]|<unused\d+>)$")
 
 
 def choose_pard_token(model, tokenizer, requested: int | str = AUTO) -> int:
     """The mask token id, decided as upstream does: an id the text never uses, with an embedding row the draft
     already has, so the draft keeps the target's vocabulary (same size, same ids). "auto": the first embedding row
-    beyond the tokenizer's vocabulary (Qwen2.5's 151,665: upstream's choice for its Qwen drafts), else the first
-    reserved special token (Llama 3's ``<|reserved_special_token_N|>``: upstream's for Llama), else refused with
-    what to pass. An int: that id (checked to be a row of the embedding)."""
+    beyond the tokenizer's vocabulary (Qwen2.5's 151,665: upstream's choice for its Qwen drafts), else the lowest id
+    whose token is named unused: reserved (Llama 3's ``<|reserved_special_token_N|>``: upstream's for Llama) or a
+    filler such as ``[PAD151665]`` (a tokenizer padded to the embedding's size); else refused with what to pass.
+    An int: that id (checked to be a row of the embedding)."""
     rows = model.get_input_embeddings().weight.shape[0]
     if requested != AUTO:
         if isinstance(requested, bool) or not isinstance(requested, int) or not 0 <= requested < rows:
@@ -33,13 +37,13 @@ def choose_pard_token(model, tokenizer, requested: int | str = AUTO) -> int:
         return requested
     if len(tokenizer) < rows:
         return len(tokenizer)
-    reserved = sorted(i for token, i in tokenizer.get_vocab().items() if "reserved" in token.lower())
-    if reserved:
-        return reserved[0]
-    special = ", ".join(f"{token} ({tokenizer.convert_tokens_to_ids(token)})" for token in tokenizer.all_special_tokens)
+    unused = sorted(i for token, i in tokenizer.get_vocab().items() if UNUSED_NAME.match(token) and i < rows)
+    if unused:
+        return unused[0]
+    added = ", ".join(f"{token} ({i})" for token, i in sorted(tokenizer.get_added_vocab().items(), key=lambda t: t[1]))
     raise ValueError(f"The draft has no spare embedding row (vocabulary {rows}, tokenizer {len(tokenizer)}) and no "
                      f"reserved token to read as the mask: pass pard_token= an id your text never contains, e.g. one "
-                     f"of its special tokens that chats do not use ({special}).")
+                     f"of its added tokens that chats do not use ({added}).")
 
 
 def item_ids(item, tokenizer) -> list[int]:
