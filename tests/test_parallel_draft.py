@@ -90,6 +90,14 @@ def test_a_pard_token_outside_the_vocabulary_is_refused(target, prompt, token):
         speculative(target, prompt, draft)
 
 
+def test_a_draft_with_another_tokenizer_proposes_as_a_chain(parallel):
+    assert not uses_parallel_drafting(parallel, None, same_tokenizer=False)  # detected: through text, a chain
+    with pytest.raises(ValueError, match="parallel_draft=True needs a draft with the target's tokenizer"):
+        uses_parallel_drafting(parallel, True, same_tokenizer=False)
+    with pytest.raises(ValueError, match="parallel_draft must be None"):
+        uses_parallel_drafting(parallel, "yes")
+
+
 def test_parallel_draft_false_forces_the_chain(target, parallel, prompt):
     calls, handle = count_forwards(parallel)
     try:

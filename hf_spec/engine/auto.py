@@ -2,8 +2,9 @@
 
 "auto" for a chain (``AutoLength``): each step picks the k in 0..max_k that maximises expected tokens per second,
   E(k) / (D(k) + V(k + 1)) with E(k) = 1 + a + a^2 + ... + a^k (``hf_spec.engine.costs``), where V(w) is the
-  target's measured time to verify w tokens, D(k) = k x the draft's measured time per token, and a the
-  acceptance predicted for the next tokens. k = 0 is plain decoding (rate 1 / V(1)).
+  target's measured time to verify w tokens, D(k) = k x the draft's measured time per token (``draft_step_cost``:
+  a parallel draft's is one forward, ``hf_spec.draft.parallel.ParallelLength``), and a the acceptance predicted for
+  the next tokens. k = 0 is plain decoding (rate 1 / V(1)).
 
 Where "auto" gets a while it decodes plainly: from the target itself. Every step already has the target's
 distribution at each committed token; its confidence (the top probability, after the user's logits

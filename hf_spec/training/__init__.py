@@ -3,4 +3,6 @@ continuations and the hidden states generation computed, cached and resumable), 
 files, folders and the running Python's own functions (``python_functions``), deduplicated against held-out
 questions and mixed by weight), what every trainer shares (``optimization``: AdamW with warm-up and cosine, batch
 order, checkpoints) and its consumers (``medusa`` and ``medusa_evaluation``: Medusa heads, their held-out accuracy
-and tree for this machine; ``eagle``: EAGLE-3 drafts with training-time test, their evaluation and export)."""
+and tree for this machine; ``eagle``: EAGLE-3 drafts with training-time test, their evaluation and export; ``pard``
+with ``pard_layout``, ``pard_data``, ``pard_evaluation`` and ``lora``: a causal LM adapted into a parallel draft on
+text, no target needed)."""
