@@ -182,6 +182,20 @@ def test_adapters_start_as_the_model_and_merge_into_it():
     assert not any(isinstance(m, LoRALinear) for m in model.modules())
 
 
+def test_adapters_and_the_mask_row_are_merged_on_save(tmp_path, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    config = PardConfig(k=3, batch_size=4, learning_rate=1e-2, warmup_steps=1, lora_rank=4, eval_every=4)
+    model, _ = train_pard(tiny_draft(), tmp_path, patterns(16), tokenizer=tokenizer, config=config, max_steps=3,
+                          progress=False, print_fn=lambda *a: None)
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert not torch.equal(loaded.get_input_embeddings().weight[SPARE], tiny_draft().get_input_embeddings().weight[SPARE])
+    tokens = torch.tensor([[5, 9, 17, SPARE, SPARE]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits)
+
+
 @pytest.mark.parametrize("lora_rank", [None, 4])
 def test_resume_continues_bitwise(tmp_path, tokenizer, lora_rank):
     config = PardConfig(k=3, batch_size=4, learning_rate=1e-3, warmup_steps=2, checkpoint_every=3,
