@@ -217,6 +217,22 @@ def check_modes(args: argparse.Namespace) -> None:
     for refused, message in refusals:
         if refused:
             raise ValueError(message)
+    check_eagle_tree_ranks(args.eagle_tree, args.eagle_model)
+
+
+def check_eagle_tree_ranks(tree, eagle_model: str | None) -> None:
+    """A static tree's ranks below the EAGLE draft's vocabulary, where its config.json is on disk."""
+    from ..eagle.loading import draft_vocab_size
+    from ..engine.trees import resolve_tree, validate_tree
+    from ..weights import read_json
+
+    config = Path(eagle_model or "", "config.json")
+    if tree is None or not eagle_model or not config.is_file():
+        return
+    try:
+        validate_tree(resolve_tree(tree), vocab_size=draft_vocab_size(read_json(config)))
+    except ValueError as error:
+        raise ValueError(f"--eagle-tree: {error}") from None
 
 
 def free_device_memory(device: str) -> int:

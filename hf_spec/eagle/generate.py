@@ -10,7 +10,7 @@ from ..engine.call import DecodingCall
 from ..engine.memory import pair_memory
 from ..engine.loop import speculative_generate
 from ..engine.schedule import SpeculationLength
-from ..engine.trees import resolve_tree
+from ..engine.trees import resolve_tree, validate_tree
 from ..settings import TREE_DEPTH, TREE_TOP_K
 from ..verify import Acceptance, get_verifier
 from .auto import AutoDynamicTree, TreeConfidence
@@ -85,6 +85,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     paths = static_tree(tree)
     verifier = get_verifier(tree_verifier, model.device)
     draft = resolve_eagle(eagle_model, model, revision, token)
+    if paths is not None:  # ranks among the draft's own vocabulary
+        validate_tree(paths, vocab_size=draft.lm_head.out_features if draft.version == 3 else draft.config.vocab_size)
     confidence = None
 
     def auto() -> AutoDynamicTree:
