@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..engine.runner import takes_logits_to_keep
+from ..conversations import read_conversations
 from ..prompts import SPEC_BENCH_QUESTIONS, Prompt, encode_ids, left_padded, load_prompts
 
 IGNORE = -100
@@ -43,14 +44,12 @@ def split_train_eval(prompts: list[Prompt], eval_every: int = 5) -> tuple[list[P
 
 
 def write_prompts(prompts: list[Prompt], source: str | Path, path: str | Path) -> None:
-    """The rows of ``source`` whose ids are in ``prompts``, as a jsonl ``hf-spec bench --questions`` reads."""
+    """The conversations of ``source`` whose ids are in ``prompts``, as Spec-Bench rows (``question_id``,
+    ``category``, ``turns``: the user's turns) that ``hf-spec bench --questions`` reads, ids as in ``source``."""
     ids = {p.question_id for p in prompts}
-    source = Path(source)
-    if source.suffix == ".jsonl":
-        rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
-        rows = [r for i, r in enumerate(rows) if str(r.get("question_id", i)) in ids]
-    else:
-        rows = [{"question_id": p.question_id, "category": "text", "turns": [p.text]} for p in prompts]
+    rows = [{"question_id": int(c.id) if c.id.isdigit() and str(int(c.id)) == c.id else c.id,
+             "category": c.category, "turns": [m.content for m in c.messages if m.role == "user"]}
+            for c in read_conversations(source, skip_bad_records=True).conversations if c.id in ids]
     Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -199,18 +198,20 @@ class SelfDistillation:
     same ones resume or reuse it, whatever the generation batch size).
 
     ``limit`` trains on that many prompts taken evenly over the file (and evaluates on a quarter as many), so
-    every category keeps its share."""
+    every category keeps its share. ``skip_bad_records``: a bad record of the prompts file is skipped and counted
+    (printed), not refused."""
 
     def __init__(self, model, tokenizer, folder: str | Path, prompts_path: str | Path | None = None,
                  eval_every: int = 5, limit: int | None = None, max_new_tokens: int = 128, batch_size: int = 8,
                  layers: tuple[int, ...] = (-1,), positions: str = "heads", dtype: torch.dtype = torch.float32,
-                 progress: bool = True, print_fn=print):
+                 progress: bool = True, print_fn=print, skip_bad_records: bool = False):
         self.model, self.tokenizer, self.folder = model, tokenizer, Path(folder)
         self.max_new_tokens, self.batch_size, self.layers, self.positions = max_new_tokens, batch_size, layers, positions
         self.dtype, self.progress = dtype, progress
         self.folder.mkdir(parents=True, exist_ok=True)
         prompts_path = prompts_path or SPEC_BENCH_QUESTIONS
-        train, held_out = split_train_eval(load_prompts(prompts_path), eval_every)
+        prompts = load_prompts(prompts_path, skip_bad_records=skip_bad_records, print_fn=print_fn)
+        train, held_out = split_train_eval(prompts, eval_every)
         write_prompts(held_out, prompts_path, self.folder / "eval_questions.jsonl")  # all of them, for the bench
         if limit:
             train, held_out = spread(train, limit), spread(held_out, max(limit // 4, 1))
