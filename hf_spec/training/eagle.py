@@ -155,7 +155,7 @@ def _training_data(data, pipeline: SelfDistillation, skip_bad_records: bool, pri
     """The training conversations (a function that gives them from the start, in one order) and what they are,
     for messages: ``data`` None (the training split of the questions), a function, or file / folder names."""
     if data is None:
-        return (lambda: prompt_conversations(pipeline)), f"the {len(pipeline.prompts['train'])} training questions"
+        return (lambda: prompt_conversations(pipeline)), f"the training questions ({pipeline.split})"
     if callable(data):
         return data, "the conversations given"
     from ..conversations import read_conversations
