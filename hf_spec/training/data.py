@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..engine.runner import takes_logits_to_keep
+from ..conversations import read_conversations
 from ..prompts import SPEC_BENCH_QUESTIONS, Prompt, encode_ids, left_padded, load_prompts
 
 IGNORE = -100
@@ -43,14 +44,12 @@ def split_train_eval(prompts: list[Prompt], eval_every: int = 5) -> tuple[list[P
 
 
 def write_prompts(prompts: list[Prompt], source: str | Path, path: str | Path) -> None:
-    """The rows of ``source`` whose ids are in ``prompts``, as a jsonl ``hf-spec bench --questions`` reads."""
+    """The conversations of ``source`` whose ids are in ``prompts``, as Spec-Bench rows (``question_id``,
+    ``category``, ``turns``: the user's turns) that ``hf-spec bench --questions`` reads, ids as in ``source``."""
     ids = {p.question_id for p in prompts}
-    source = Path(source)
-    if source.suffix == ".jsonl":
-        rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
-        rows = [r for i, r in enumerate(rows) if str(r.get("question_id", i)) in ids]
-    else:
-        rows = [{"question_id": p.question_id, "category": "text", "turns": [p.text]} for p in prompts]
+    rows = [{"question_id": int(c.id) if c.id.isdigit() and str(int(c.id)) == c.id else c.id,
+             "category": c.category, "turns": [m.content for m in c.messages if m.role == "user"]}
+            for c in read_conversations(source, skip_bad_records=True).conversations if c.id in ids]
     Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
