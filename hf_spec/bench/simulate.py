@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import random
 
-from ..engine.auto import AutoLength, ConfidenceCalibration
+from ..engine.auto import AutoLength
+from ..engine.estimates import ConfidenceCalibration
 from ..engine.costs import Costs
 from ..engine.schedule import FixedLength, StepwiseLength
 

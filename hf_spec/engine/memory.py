@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .auto import AnswerLengths, ConfidenceCalibration, MatchSurvival, ProbeCadence
+from .auto import ProbeCadence
 from .costs import Costs
+from .estimates import AnswerLengths, ConfidenceCalibration
 
 
 @dataclass
@@ -16,9 +17,9 @@ class PairMemory:
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
-    tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
+    tree_confidence: object = None  # EAGLE: a hf_spec.eagle.auto.TreeConfidence
     probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # Medusa's and EAGLE's auto: plain steps
-    lookup_survival: MatchSurvival = field(default_factory=MatchSurvival)  # prompt lookup's, by match length
+    lookup_survival: object = None  # prompt lookup's: a hf_spec.lookup.auto.MatchSurvival
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
-from ..engine.auto import PositionSurvival
+from ..engine.estimates import PositionSurvival
 from ..engine.costs import Costs
 from ..engine.memory import pair_memory
 from ..engine.proposer import Proposal, Proposer
 from ..engine.schedule import Schedule
+from .auto import MatchSurvival
 from .generate import lookup_proposer, lookup_schedule, lookup_settings
 from .proposer import PromptLookupProposer, trie_proposal
 
@@ -25,6 +26,7 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     for (target, ``memory_key``)); else it is ``prompt_lookup_num_tokens``."""
     num_tokens, max_ngram = lookup_settings(call.generation_config)
     memory = pair_memory(call.model, memory_key, cache_costs)
+    memory.lookup_survival = memory.lookup_survival or MatchSurvival()
     nodes = "auto" if num_speculative_tokens == "auto" else num_tokens
     shared = getattr(fallback_schedule, "costs", None)  # the target's costs, as the fallback's "auto" measures them
     schedule = lookup_schedule(nodes, call.model, memory_key, num_tokens, cache_costs, max_nodes=num_tokens,
