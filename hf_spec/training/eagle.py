@@ -37,6 +37,7 @@ import torch
 
 from ..conversations import Conversation, Message
 from ..eagle.loading import aux_layer_ids, load_eagle_draft, save_eagle_draft
+from ..settings import COUNT, NON_NEGATIVE, NON_NEGATIVE_COUNT, POSITIVE, SHARE, TRAINING_WINDOW
 from ..token_map import TokenMap
 from .data import SelfDistillation, frozen_model
 from .eagle_draft import draft_vocabulary, new_eagle_draft
@@ -44,6 +45,7 @@ from .eagle_evaluation import evaluate_draft, scaling_row, scaling_table
 from .eagle_stream import CHECKPOINT, MILESTONES, DraftTrainer, StopRequest, TrainingProgress, checkpoint_vocabulary
 from .labelling import Labelled
 from .shards import LABELS, Labeller, ShardStream
+from .sources import HeldOut, mix, parse_data_specs, read_sources
 
 SHARDS, TRAINED = "shards", "trained.json"
 
@@ -72,15 +74,18 @@ class EagleTrainConfig:
 
     def __post_init__(self):
         for name in ("draft_vocab_size", "ttt_steps", "epochs", "batch_size", "top_k", "chunk_size", "shard_tokens",
-                     "vocab_tokens", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}.")
-        if self.max_length < 3:
-            raise ValueError(f"max_length must be >= 3 (a sequence predicts from its third token); got {self.max_length}.")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 (or None: the whole stream); got {self.max_tokens}.")
-        if self.first_milestone < 0:
-            raise ValueError(f"first_milestone must be >= 0 (0: no milestones); got {self.first_milestone}.")
+                     "vocab_tokens", "checkpoint_every", "warmup_steps"):
+            COUNT.check(name, getattr(self, name))
+        TRAINING_WINDOW.check("max_length", self.max_length)
+        NON_NEGATIVE_COUNT.check("first_milestone", self.first_milestone)
+        if self.max_tokens is not None:
+            COUNT.check("max_tokens", self.max_tokens)
+        if self.intermediate_size is not None:
+            COUNT.check("intermediate_size", self.intermediate_size)
+        for name in ("learning_rate", "checkpoint_minutes"):
+            POSITIVE.check(name, getattr(self, name))
+        NON_NEGATIVE.check("weight_decay", self.weight_decay)
+        SHARE.check("loss_decay", self.loss_decay)
 
 
 def default_output(model) -> Path:
@@ -150,22 +155,23 @@ def nothing_trained(progress: TrainingProgress, what: str) -> str:
             "(or prompts to answer), or more of it.")
 
 
-def _training_data(data, pipeline: SelfDistillation, skip_bad_records: bool, print_fn
+def _training_data(data, pipeline: SelfDistillation, skip_bad_records: bool, seed: int, print_fn
                    ) -> tuple[Callable[[], Iterable[Conversation]], str]:
     """The training conversations (a function that gives them from the start, in one order) and what they are,
-    for messages: ``data`` None (the training split of the questions), a function, or file / folder names."""
+    for messages and the cache's settings: ``data`` None (the training split of the questions), a function, or
+    data specs (``hf_spec.training.sources``: files, folders and built-in sources with weights, mixed, with
+    whatever shares a 13-gram with a Spec-Bench question or a held-out question dropped)."""
     if data is None:
         return (lambda: prompt_conversations(pipeline)), f"the training questions ({pipeline.split})"
     if callable(data):
         return data, "the conversations given"
-    from ..conversations import read_conversations
-
-    readings = [read_conversations(path, skip_bad_records=skip_bad_records) for path in data]
-    for reading in readings:
-        for line in reading.report():
-            print_fn(line)
-    conversations = [c for reading in readings for c in reading.conversations]
-    return (lambda: conversations), ", ".join(map(str, data))
+    specs = parse_data_specs([str(data)] if isinstance(data, (str, Path)) else [str(d) for d in data])
+    held_out = HeldOut.spec_bench()
+    for prompt in pipeline.prompts["eval"]:
+        held_out.add(prompt.text)
+    sources = read_sources(specs, held_out, skip_bad_records, print_fn)
+    weighted = [(conversations, spec.weight) for spec, conversations in sources]
+    return (lambda: mix(weighted, seed)), ", ".join(f"{spec.source}:{spec.weight:g}" for spec in specs)
 
 
 def _held_out(pipeline: SelfDistillation) -> list[Labelled]:
@@ -208,7 +214,7 @@ def _set_up(model, output_dir, data, tokenizer, labels: str, config: EagleTrainC
     pipeline = SelfDistillation(model, tokenizer, output_dir, questions, eval_every, None, max_new_tokens,
                                 generation_batch_size, layers=aux, positions="all", dtype=model.dtype,
                                 progress=progress, print_fn=print_fn)
-    conversations, described = _training_data(data, pipeline, skip_bad_records, print_fn)
+    conversations, described = _training_data(data, pipeline, skip_bad_records, config.seed, print_fn)
     settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype), "data": described,
                 "labels": labels, "layers": list(aux), "max_new_tokens": max_new_tokens,
                 "generation_batch_size": generation_batch_size, "seed": config.seed,
