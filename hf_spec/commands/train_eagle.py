@@ -64,7 +64,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
                         help="questions whose question_id %% EVAL_EVERY == 0 are held out for the evaluation "
                              "(default: the Spec-Bench questions shipped with hf-spec)")
     parser.add_argument("--eval-every", type=positive_int, default=5, help="question_id %% N == 0 is held out")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=256,
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128,
                         help="answer length when the model answers (--labels generate, held-out continuations)")
     parser.add_argument("--generation-batch-size", type=positive_int, default=8,
                         help="prompts answered at once; conversations are labelled in groups of this size")

@@ -228,7 +228,7 @@ def _set_up(model, output_dir, data, tokenizer, labels: str, config: EagleTrainC
 
 def train_eagle(model, output_dir: str | Path | None = None, data=None, *, tokenizer=None, labels: str = "auto",
                 config: EagleTrainConfig | None = None, questions: str | Path | None = None, eval_every: int = 5,
-                max_new_tokens: int = 256, generation_batch_size: int = 8, skip_bad_records: bool = False,
+                max_new_tokens: int = 128, generation_batch_size: int = 8, skip_bad_records: bool = False,
                 resume: bool = False, keep_cache: bool = False, dtype: torch.dtype = torch.float32,
                 max_steps: int | None = None, measure: bool = True, progress: bool = True, print_fn=print,
                 stop: Callable[[], bool] | None = None):
@@ -261,7 +261,7 @@ def train_eagle(model, output_dir: str | Path | None = None, data=None, *, token
     if not done.step or not done.tokens:
         raise ValueError(nothing_trained(done, run.data))
     print_fn(f"Trained on {done.conversations:,} distinct conversations and {done.tokens:,} labelled tokens "
-             f"({done.step:,} steps, {done.epoch} epochs); the draft has "
+             f"({done.step:,} steps, {done.epoch} of {config.epochs} epochs done); the draft has "
              f"{sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M parameters (vocabulary "
              f"{draft.lm_head.out_features} of {vocab})")
     save_eagle_draft(draft.to(model.dtype), run.output_dir)
@@ -277,7 +277,7 @@ def trained_on(progress: TrainingProgress) -> dict:
 
 
 def evaluate_milestones(model, output_dir: str | Path, tokenizer=None, questions: str | Path | None = None,
-                        eval_every: int = 5, max_new_tokens: int = 256, generation_batch_size: int = 8,
+                        eval_every: int = 5, max_new_tokens: int = 128, generation_batch_size: int = 8,
                         steps: int = 4, dtype: torch.dtype = torch.float32, progress: bool = True,
                         print_fn=print) -> list[dict]:
     """The scaling curve of a run: every draft it saved at a token milestone (``OUTPUT/milestones/``) and the
