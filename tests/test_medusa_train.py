@@ -273,6 +273,22 @@ def test_self_distillation_keeps_the_hidden_states_a_second_pass_would_compute(t
     assert torch.allclose(kept.hidden, again.hidden, atol=1e-4)
 
 
+def test_heads_trained_on_nothing_are_not_written_and_the_split_is_named(tokenizer, tmp_path):
+    model = tiny_causal_lm("qwen2", seed=0)
+    held_out_only = tmp_path / "held-out.jsonl"
+    held_out_only.write_text("".join(json.dumps({"question_id": i, "turns": [f"q{i}"]}) + "\n" for i in (5, 10)))
+    options = dict(config=TrainConfig(num_heads=2, epochs=1, batch_size=16), max_new_tokens=6, progress=False,
+                   print_fn=lambda *_: None)
+    with pytest.raises(ValueError, match=r"No heads written: no training prompts \(0 training prompts, 2 held out "
+                                         r"\(question_id % 5 == 0\) of the 2 in .*held-out.jsonl\)"):
+        train_medusa(model, tmp_path / "none", tokenizer, held_out_only, **options)
+    with pytest.raises(ValueError, match=r"No heads written: 0 training steps on \d+ training positions \(4 training "
+                                         r"prompts, 1 held out"):
+        train_medusa(model, tmp_path / "zero", tokenizer, questions_file(tmp_path, 5), max_steps=0, **options)
+    for folder in ("none", "zero"):
+        assert not (tmp_path / folder / "config.json").exists()
+
+
 def test_the_recipe_end_to_end(tokenizer, tmp_path):
     model = tiny_causal_lm("qwen2", seed=0)
     data = questions_file(tmp_path, 12)

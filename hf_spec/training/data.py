@@ -8,7 +8,9 @@ on (``Continuation``), so epochs cost the proposer's forward and backward only, 
 split by question id into disjoint sets (``split_train_eval``, the same rule for every kind of training), each
 split continued and cached one generation batch per file, so an interrupted run resumes where it stopped.
 Consumers: Medusa heads (``HiddenStates``: the last hidden state where a head has a target; head i at position t
-learns token t + i + 2) and EAGLE drafts (``hf_spec.training.eagle``: three layers' states at every position).
+learns token t + i + 2) and the EAGLE evaluation (``hf_spec.training.eagle``: the held-out continuations, with three
+layers' states at every position). ``continue_batch`` is the generation step itself, which EAGLE's labelling by
+generation shares (``hf_spec.training.labelling``).
 """
 from __future__ import annotations
 

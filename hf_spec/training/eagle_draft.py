@@ -117,11 +117,6 @@ class Batch:
         ids = self.label_ids.gather(1, rows).masked_fill(~self.queried[..., None], IGNORE)
         return ids, self.label_logprobs.gather(1, rows).masked_fill(ids == IGNORE, float("-inf"))
 
-    @property
-    def covered_count(self) -> int:
-        """The labels a step-0 loss reads (each queried entry's next-but-one token)."""
-        return int((self.step_labels(0)[0] != IGNORE).any(-1).sum())
-
 
 class _Attention:
     """The draft layer's attention pieces for one unrolled forward over [b, n] entries: projections to heads

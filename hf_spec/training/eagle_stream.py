@@ -60,7 +60,7 @@ class TrainingProgress:
     milestone: int = 0
 
 
-def learning_rate_factor(step: int, tokens_seen: int, warmup_steps: int, budget: int | None) -> float:
+def token_schedule_factor(step: int, tokens_seen: int, warmup_steps: int, budget: int | None) -> float:
     """Linear warm-up over ``warmup_steps``; then 1, or with a ``budget`` (tokens), a cosine from 1 to 0 over it."""
     warm = min(1.0, (step + 1) / max(warmup_steps, 1))
     if budget is None:
@@ -230,7 +230,7 @@ class DraftTrainer:
         with torch.autocast(self.draft.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             losses, accuracy = step_losses(self.draft, self.embedding, batch, config.ttt_steps)
         loss = sum(w * l for w, l in zip(self.weights, losses))
-        rate = config.learning_rate * learning_rate_factor(progress.step, progress.tokens_seen, config.warmup_steps,
+        rate = config.learning_rate * token_schedule_factor(progress.step, progress.tokens_seen, config.warmup_steps,
                                                            self.budget)
         for group in self.optimizer.param_groups:
             group["lr"] = rate

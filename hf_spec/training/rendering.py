@@ -73,13 +73,13 @@ def render_chat(tokenizer, messages) -> Rendered:
         raise ValueError("The chat has no assistant turn: nothing to label by prefill (label it by generation).")
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     tokens, offsets = encoding["input_ids"], encoding["offset_mapping"]
-    eos = _eos_ids(tokenizer)
+    eos = tokenizer.eos_token_id
     covered = [False] * len(tokens)
     for begin, end in spans:
         for k, (first, last) in enumerate(offsets):
             if begin <= first < end and last > first:
                 covered[k] = True
-                if tokens[k] in eos:
+                if tokens[k] == eos:
                     break
     covered[0] = False  # the first token has no position before it
     return Rendered(tokens, covered)
@@ -106,8 +106,3 @@ def prompt_ids(tokenizer, messages) -> list[int]:
         return encode_ids(tokenizer, asked[0].content)
     turns = [{"role": m.role, "content": m.content} for m in asked]
     return tokenizer(_template(tokenizer, turns, generation_prompt=True), add_special_tokens=False)["input_ids"]
-
-
-def _eos_ids(tokenizer) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    return ids
