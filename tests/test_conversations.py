@@ -67,6 +67,8 @@ def test_json_array_and_single_object(tmp_path):
     single = tmp_path / "one.json"
     single.write_text(json.dumps(rows[0], indent=2))
     assert chats(read_conversations(single)) == [[("user", "q1"), ("assistant", "a1")]]
+    lines = write(tmp_path / "lines.json", [json.dumps(row) for row in rows])  # JSON lines under a .json name
+    assert [c.record for c in read_conversations(lines).conversations] == ["line 1", "line 2"]
 
 
 def test_a_jsonl_line_with_a_line_separator_inside_a_string_is_one_record(tmp_path):

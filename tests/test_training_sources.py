@@ -11,7 +11,7 @@ import pytest
 from hf_spec.conversations import Conversation, Message, content_id, read_conversations
 from hf_spec.prompts import SPEC_BENCH_QUESTIONS
 from hf_spec.training.python_functions import module_files, python_function_conversations, python_roots
-from hf_spec.training.sources import DataSpec, HeldOut, deduplicate, mix, parse_data_specs, read_sources
+from hf_spec.training.sources import DataSpec, HeldOut, Source, deduplicate, mix, parse_data_specs, read_sources
 
 
 def test_stdlib_functions_become_coding_conversations_quickly_and_deterministically():
@@ -92,12 +92,13 @@ def test_data_specs_take_weights_commas_and_built_in_names(tmp_path):
         parse_data_specs([])
 
 
-def _source(name, count):
-    return [Conversation((Message("user", f"{name} {i}"),), name, f"line {i + 1}", f"{name}{i}") for i in range(count)]
+def _source(name, count, weight=1.0):
+    return Source(name, weight, [Conversation((Message("user", f"{name} {i}"),), name, f"line {i + 1}", f"{name}{i}")
+                                 for i in range(count)])
 
 
 def test_mix_keeps_the_weights_in_every_prefix_and_is_seeded():
-    sources = [(_source("a", 300), 3.0), (_source("b", 300), 1.0), (_source("c", 300), 0.5)]
+    sources = [_source("a", 300, 3.0), _source("b", 300, 1.0), _source("c", 300, 0.5)]
     stream = list(itertools.islice(mix(sources, seed=7), 400))
     taken = Counter()
     for n, conversation in enumerate(stream, start=1):
@@ -111,7 +112,7 @@ def test_mix_keeps_the_weights_in_every_prefix_and_is_seeded():
 
 
 def test_a_source_that_runs_out_leaves_the_rest_or_starts_again_with_cycle():
-    sources = [(_source("a", 10), 1.0), (_source("b", 3), 1.0)]
+    sources = [_source("a", 10), _source("b", 3)]
     stream = list(mix(sources))
     assert len(stream) == 13 and {c.source for c in stream[-7:]} == {"a"}
     cycled = list(itertools.islice(mix(sources, cycle=True), 40))
@@ -119,8 +120,8 @@ def test_a_source_that_runs_out_leaves_the_rest_or_starts_again_with_cycle():
     passes = [c.id for c in cycled if c.source == "b"]
     assert all(sorted(passes[i : i + 3]) == ["b0", "b1", "b2"] for i in range(0, 18, 3))  # each pass: all of b
     assert len({tuple(passes[i : i + 3]) for i in range(0, 18, 3)}) > 1  # reshuffled between passes
-    with pytest.raises(ValueError, match="positive number, not 0"):
-        list(mix([(_source("a", 1), 0.0)]))
+    with pytest.raises(ValueError, match="The weight of a must be a positive number, not 0"):
+        list(mix([_source("a", 1, 0.0)]))
 
 
 def _chat(user, assistant="Sure."):
@@ -138,6 +139,8 @@ def test_deduplication_drops_a_planted_copy_of_a_held_out_question_and_keeps_a_n
     kept, dropped = deduplicate([planted, near_miss, unrelated], held_out)
     assert kept == [near_miss, unrelated] and dropped == 1
     short = HeldOut(["What is the capital city of France today?", "Why?"])  # 9 words: matched whole; 1: never
+    short.add_conversations([_chat("Tell me about the planet Neptune and its largest moon Triton please.")])
+    assert short.holds(_chat("ok", "TELL ME ABOUT THE PLANET NEPTUNE AND ITS LARGEST MOON TRITON PLEASE. Sure"))
     assert short.holds(_chat("so: what is the capital city of France today? tell me"))
     assert not short.holds(_chat("what is the capital city of France?")) and not short.holds(_chat("Why?"))
 
@@ -150,8 +153,23 @@ def test_read_sources_deduplicates_and_reports(tmp_path):
         {"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]},
         {"conversations": []}]))
     printed = []
-    [(spec, conversations)] = read_sources(parse_data_specs([f"{path}:2"]), skip_bad_records=True, print_fn=printed.append)
-    assert spec == DataSpec(str(path), 2.0) and [c.prompt for c in conversations] == ["hello there"]
+    [source] = read_sources(parse_data_specs([f"{path}:2"]), skip_bad_records=True, print_fn=printed.append)
+    assert (source.name, source.weight) == (str(path), 2.0) and [c.prompt for c in source.conversations] == ["hello there"]
     assert printed == [f"{path}: skipped 1 records: 1 'conversations' is not a non-empty list",
                        f"{path}: 1 conversations (weight 2); dropped 1 sharing a 13-gram with held-out questions"]
     assert read_conversations(path, skip_bad_records=True).conversations[0].prompt == question
+
+
+def test_self_distillation_skips_and_counts_bad_prompt_records_when_asked(tmp_path):
+    from hf_spec.testing import tiny_causal_lm
+    from hf_spec.training.data import SelfDistillation
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question_id": i, "turns": [f"question {i}"]}) + "\n" for i in range(1, 11))
+                    + '{"turns": "a string"}\n')
+    model = tiny_causal_lm("llama", seed=0, vocab_size=24, hidden_size=32)
+    with pytest.raises(ValueError, match="q.jsonl, line 11: 'turns' is not a non-empty list"):
+        SelfDistillation(model, None, tmp_path / "out", path, print_fn=lambda line: None)
+    printed = []
+    data = SelfDistillation(model, None, tmp_path / "out", path, skip_bad_records=True, print_fn=printed.append)
+    assert printed[0] == f"{path}: skipped 1 records: 1 'turns' is not a non-empty list"
+    assert [p.question_id for p in data.prompts["eval"]] == ["5", "10"] and len(data.prompts["train"]) == 8

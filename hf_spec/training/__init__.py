@@ -2,7 +2,8 @@
 
 - ``data``: prompts split by question id, the model's own continuations and the hidden states generation computed,
   cached and resumable (Medusa's training data, and the held-out continuations every evaluation uses);
-- ``sources`` and ``python_functions``: training text for EAGLE drafts, read, deduplicated and mixed;
+- ``sources`` and ``python_functions``: training text (files, folders and the running Python's own functions),
+  deduplicated against held-out questions and mixed by weight;
 - ``rendering``, ``labelling`` and ``shards``: conversations labelled by the target (its features and its own
   distribution, by prefill or generation), shard by shard;
 - ``optimization``: what every trainer shares (AdamW with warm-up and cosine, batch order, checkpoints);

@@ -231,18 +231,20 @@ class SelfDistillation:
     same ones resume or reuse it, whatever the generation batch size).
 
     ``limit`` trains on that many prompts taken evenly over the file (and evaluates on a quarter as many), so
-    every category keeps its share."""
+    every category keeps its share. ``skip_bad_records``: a bad record of the prompts file is skipped and counted
+    (printed), not refused."""
 
     def __init__(self, model, tokenizer, folder: str | Path, prompts_path: str | Path | None = None,
                  eval_every: int = 5, limit: int | None = None, max_new_tokens: int = 128, batch_size: int = 8,
                  layers: tuple[int, ...] = (-1,), positions: str = "heads", dtype: torch.dtype = torch.float32,
-                 progress: bool = True, print_fn=print):
+                 progress: bool = True, print_fn=print, skip_bad_records: bool = False):
         self.model, self.tokenizer, self.folder = model, tokenizer, Path(folder)
         self.max_new_tokens, self.batch_size, self.layers, self.positions = max_new_tokens, batch_size, layers, positions
         self.dtype, self.progress = dtype, progress
         self.folder.mkdir(parents=True, exist_ok=True)
         prompts_path = prompts_path or SPEC_BENCH_QUESTIONS
-        train, held_out = split_train_eval(load_prompts(prompts_path), eval_every)
+        prompts = load_prompts(prompts_path, skip_bad_records=skip_bad_records, print_fn=print_fn)
+        train, held_out = split_train_eval(prompts, eval_every)
         write_prompts(held_out, prompts_path, self.folder / "eval_questions.jsonl")  # all of them, for the bench
         total = len(train) + len(held_out)
         if limit:

@@ -10,6 +10,7 @@ so evaluation never measures memorised text.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -21,6 +22,15 @@ from ..prompts import SPEC_BENCH_QUESTIONS
 from .python_functions import python_function_conversations, python_roots
 
 BUILTIN_SOURCES = ("python:stdlib", "python:site-packages")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source's conversations, ready to mix: its name (a path or a built-in name) and weight."""
+
+    name: str
+    weight: float
+    conversations: list[Conversation]
 
 
 @dataclass(frozen=True)
@@ -89,14 +99,17 @@ class HeldOut:
             self.add(text)
 
     @classmethod
-    def of_conversations(cls, conversations: Iterable[Conversation], **kwargs) -> "HeldOut":
-        """Every message of the conversations (e.g. a held-out split)."""
-        return cls((m.content for c in conversations for m in c.messages), **kwargs)
-
-    @classmethod
     def spec_bench(cls, **kwargs) -> "HeldOut":
-        """The Spec-Bench questions shipped with the package, all turns."""
-        return cls.of_conversations(read_conversations(SPEC_BENCH_QUESTIONS).conversations, **kwargs)
+        """The Spec-Bench questions shipped with the package, all turns (add others with ``add_conversations``)."""
+        held_out = cls(**kwargs)
+        held_out.add_conversations(read_conversations(SPEC_BENCH_QUESTIONS).conversations)
+        return held_out
+
+    def add_conversations(self, conversations: Iterable[Conversation]) -> None:
+        """Every message of the conversations (e.g. a held-out split of the training data)."""
+        for conversation in conversations:
+            for message in conversation.messages:
+                self.add(message.content)
 
     def add(self, text: str) -> None:
         tokens = words(text)
@@ -110,10 +123,11 @@ class HeldOut:
         tokens = words(text)
         if not self.grams.isdisjoint(_ngrams(tokens, self.n)):
             return True
-        for start, head in enumerate(_ngrams(tokens, self.min_words) if self.short else ()):
-            for whole in self.short.get(head, ()):
-                if tuple(tokens[start : start + len(whole)]) == whole:
-                    return True
+        if not self.short or self.short.keys().isdisjoint(_ngrams(tokens, self.min_words)):
+            return False  # no short text starts anywhere in it (the common case, decided without a Python loop)
+        for start, head in enumerate(_ngrams(tokens, self.min_words)):
+            if any(tuple(tokens[start : start + len(whole)]) == whole for whole in self.short.get(head, ())):
+                return True
         return False
 
     def holds(self, conversation: Conversation) -> bool:
@@ -122,7 +136,7 @@ class HeldOut:
 
 
 def _ngrams(tokens: list[str], n: int) -> Iterator[tuple[str, ...]]:
-    return zip(*(tokens[i:] for i in range(n)))
+    return zip(*(itertools.islice(tokens, i, None) for i in range(n)))  # no copies of the list
 
 
 def deduplicate(conversations: list[Conversation], held_out: HeldOut) -> tuple[list[Conversation], int]:
@@ -132,7 +146,7 @@ def deduplicate(conversations: list[Conversation], held_out: HeldOut) -> tuple[l
 
 
 def read_sources(specs: list[DataSpec], held_out: HeldOut | None = None, skip_bad_records: bool = False,
-                 print_fn=print) -> list[tuple[DataSpec, list[Conversation]]]:
+                 print_fn=print) -> list[Source]:
     """Each spec's conversations, deduplicated against ``held_out`` (default: the Spec-Bench questions), with
     what was read, skipped, cut off and dropped printed by ``print_fn``."""
     held_out = HeldOut.spec_bench() if held_out is None else held_out
@@ -144,34 +158,32 @@ def read_sources(specs: list[DataSpec], held_out: HeldOut | None = None, skip_ba
             print_fn(f"{spec.source}: {line}")
         print_fn(f"{spec.source}: {len(kept)} conversations (weight {spec.weight:g})"
                  + (f"; dropped {dropped} sharing a {held_out.n}-gram with held-out questions" if dropped else ""))
-        sources.append((spec, kept))
+        sources.append(Source(spec.source, spec.weight, kept))
     return sources
 
 
-def mix(sources: list[tuple[list[Conversation], float]], seed: int = 0, cycle: bool = False
-        ) -> Iterator[Conversation]:
-    """The conversations of the sources ((conversations, weight) pairs) in one deterministic stream: each source
-    shuffled (seeded by ``seed`` and its place in the list), then interleaved so that after n conversations
-    source i has given n * weight_i / sum(weights) of them (within two), whatever n: the k-th conversation
-    of source i comes at virtual time (k + 1/2) / weight_i, earliest first (ties: the earlier source). A source
-    that runs out leaves the others in their proportions; with ``cycle`` it starts again, reshuffled (the stream
-    never ends)."""
-    for _, weight in sources:
-        if not math.isfinite(weight) or weight <= 0:
-            raise ValueError(f"A source's weight must be a positive number, not {weight}.")
-    queue = [(0.5 / weight, index, 0) for index, (conversations, weight) in enumerate(sources) if conversations]
+def mix(sources: list[Source], seed: int = 0, cycle: bool = False) -> Iterator[Conversation]:
+    """The sources' conversations in one deterministic stream: each source shuffled (seeded by ``seed`` and its
+    place in the list), then interleaved so that after n conversations source i has given
+    n * weight_i / sum(weights) of them (within two), whatever n: the k-th conversation of source i comes at
+    virtual time (k + 1/2) / weight_i, earliest first (ties: the earlier source). A source that runs out leaves the
+    others in their proportions; with ``cycle`` it starts again, reshuffled (the stream never ends)."""
+    for source in sources:
+        if not math.isfinite(source.weight) or source.weight <= 0:
+            raise ValueError(f"The weight of {source.name} must be a positive number, not {source.weight}.")
+    queue = [(0.5 / source.weight, index, 0) for index, source in enumerate(sources) if source.conversations]
     heapq.heapify(queue)
-    orders = {index: _shuffled(sources[index][0], seed, index, 0) for _, index, _ in queue}
+    orders = {index: _shuffled(sources[index].conversations, seed, index, 0) for _, index, _ in queue}
     while queue:
         _, index, taken = heapq.heappop(queue)
-        conversations, weight = sources[index]
-        epoch, position = divmod(taken, len(conversations))
+        source = sources[index]
+        epoch, position = divmod(taken, len(source.conversations))
         if epoch and not cycle:
             continue  # this source has given all it has
         if position == 0 and epoch:
-            orders[index] = _shuffled(conversations, seed, index, epoch)
+            orders[index] = _shuffled(source.conversations, seed, index, epoch)
         yield orders[index][position]
-        heapq.heappush(queue, ((taken + 1.5) / weight, index, taken + 1))
+        heapq.heappush(queue, ((taken + 1.5) / source.weight, index, taken + 1))
 
 
 def _shuffled(conversations: list[Conversation], seed: int, index: int, epoch: int) -> list[Conversation]:
