@@ -24,7 +24,7 @@ LAYERS = [  # top to bottom: (name, module prefixes)
     ("strategies", ["hf_spec.draft", "hf_spec.medusa", "hf_spec.eagle", "hf_spec.lookup", "hf_spec.weights", "hf_spec.token_map"]),
     ("engine", ["hf_spec.engine"]),
     ("verification", ["hf_spec.verify"]),
-    ("settings", ["hf_spec.settings"]),
+    ("settings", ["hf_spec.settings", "hf_spec.resources"]),
     ("testing", ["hf_spec.testing"]),
 ]
 

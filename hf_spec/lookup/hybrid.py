@@ -45,7 +45,7 @@ class LookupAndDraftProposer:
     wins (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen
     brings tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has realised
     (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
-    ``fallback_survival``, as a draft's acceptance follows the text: 98% in a math answer, 40% in a story; each one
+    ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a story; each one
     standard error optimistic, so that a match class the draft outbids at its prior gets tried; for both, position
     i survives where either does, taken as independent), T = the proposer's measured time a step (the draft's
     include its catch-up on what the lookup committed) + the target's verification of the step's width (``costs``,

@@ -170,8 +170,7 @@ def _training_data(data, pipeline: SelfDistillation, skip_bad_records: bool, see
     for prompt in pipeline.prompts["eval"]:
         held_out.add(prompt.text)
     sources = read_sources(specs, held_out, skip_bad_records, print_fn)
-    weighted = [(conversations, spec.weight) for spec, conversations in sources]
-    return (lambda: mix(weighted, seed)), ", ".join(f"{spec.source}:{spec.weight:g}" for spec in specs)
+    return (lambda: mix(sources, seed)), ", ".join(f"{spec.source}:{spec.weight:g}" for spec in specs)
 
 
 def _held_out(pipeline: SelfDistillation) -> list[Labelled]:
