@@ -135,3 +135,5 @@ def test_long_sequences_are_cut_into_windows_that_predict_each_covered_token_onc
         start += len(window) - 2
     assert start + 2 == n and predicted == [t for t in range(2, n) if covered[t]]
     assert pieces(sequence, 30) == [sequence]
+    sequence.covered[10:] = False  # the windows after the first two have nothing to predict: left out
+    assert [len(w) for w in pieces(sequence, 8)] == [8, 8]

@@ -120,6 +120,7 @@ def test_the_milestone_drafts_make_a_scaling_curve(model, questions, straight):
     rows = evaluate_milestones(model, folder, tokenizer=chat_tokenizer(), questions=questions, max_new_tokens=8,
                                steps=2, progress=False, print_fn=lambda *_: None)
     assert [row["tokens"] >= m for row, m in zip(rows, milestones)] == [True] * len(milestones)
+    assert all(a["tokens"] < b["tokens"] for a, b in zip(rows, rows[1:]))  # each draft once
     assert rows[-1] == {**rows[-1], **json.loads((folder / "trained.json").read_text())}  # the final draft last
     assert all(0 <= row["top1_step1"] <= 1 and set(row["tokens_per_step"]) == {4, 8, 16} for row in rows)
     assert (folder / "scaling.md").read_text().startswith("| labelled tokens | conversations |")

@@ -158,6 +158,15 @@ def test_the_loss_falls_by_half_and_steps_one_and_two_learn_a_rule_the_embedding
     assert len(ends) == 16 and int(ends[-1]) == len(ranks) - 1
 
 
+def test_a_milestone_draft_is_saved_once_where_a_step_crosses_several(small_target, tmp_path):
+    data = mode_sequences(small_target, count=12)  # 22 labelled tokens each, 3 a step: 66 tokens a step
+    config = EagleTrainConfig(ttt_steps=2, batch_size=3, shard_tokens=1000, first_milestone=2)
+    train_on(new_eagle_draft(small_target, None), small_target, data, config, tmp_path, max_steps=3)
+    saved = {p.name: json.loads((p / "trained.json").read_text()) for p in (tmp_path / "milestones").iterdir()}
+    assert saved == {"tokens-2": {"tokens": 66, "conversations": 3, "step": 1},  # 2 to 64 crossed at once
+                     "tokens-128": {"tokens": 132, "conversations": 6, "step": 2}}
+
+
 def test_the_draft_vocabulary_is_where_the_targets_probability_lies():
     tokens = torch.tensor([9, 9, 5, 5, 7, 1])
     covered = torch.tensor([False, False, True, True, True, True])  # the prompt's labels do not count

@@ -212,7 +212,7 @@ def _set_up(model, output_dir, data, tokenizer, labels: str, config: EagleTrainC
     aux = aux_layer_ids({}, model.config.get_text_config().num_hidden_layers)
     pipeline = SelfDistillation(model, tokenizer, output_dir, questions, eval_every, None, max_new_tokens,
                                 generation_batch_size, layers=aux, positions="all", dtype=model.dtype,
-                                progress=progress, print_fn=print_fn)
+                                progress=progress, print_fn=print_fn, skip_bad_records=skip_bad_records)
     conversations, described = _training_data(data, pipeline, skip_bad_records, config.seed, print_fn)
     settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype), "data": described,
                 "labels": labels, "layers": list(aux), "max_new_tokens": max_new_tokens,
@@ -280,7 +280,7 @@ def evaluate_milestones(model, output_dir: str | Path, tokenizer=None, questions
                         steps: int = 4, dtype: torch.dtype = torch.float32, progress: bool = True,
                         print_fn=print) -> list[dict]:
     """The scaling curve of a run: every draft it saved at a token milestone (``OUTPUT/milestones/``) and the
-    final one, evaluated on the held-out questions (as ``train_eagle`` does, without costs); writes
+    final one (a milestone saved at the final step counts once), evaluated on the held-out questions (as ``train_eagle`` does, without costs); writes
     ``scaling.json`` and ``scaling.md`` to ``output_dir`` and returns the rows (``scaling_row``)."""
     model, tokenizer = frozen_model(model, tokenizer, dtype)
     output_dir = Path(output_dir)
@@ -289,6 +289,8 @@ def evaluate_milestones(model, output_dir: str | Path, tokenizer=None, questions
     if not folders:
         raise FileNotFoundError(f"{output_dir} holds no milestone drafts ({MILESTONES}/tokens-N) nor a trained "
                                 "draft: run train_eagle there first.")
+    trained = {folder: json.loads((folder / TRAINED).read_text()) for folder in folders}
+    folders = [f for f in folders if f == output_dir or trained[f] != trained.get(output_dir)]  # each draft once
     aux = aux_layer_ids({}, model.config.get_text_config().num_hidden_layers)
     pipeline = SelfDistillation(model, tokenizer, output_dir, questions, eval_every, None, max_new_tokens,
                                 generation_batch_size, layers=aux, positions="all", dtype=model.dtype,
@@ -297,8 +299,7 @@ def evaluate_milestones(model, output_dir: str | Path, tokenizer=None, questions
     rows = []
     for folder in folders:
         draft = load_eagle_draft(folder, target=model)
-        trained = json.loads((folder / TRAINED).read_text())
-        rows.append(scaling_row(trained, evaluate_draft(draft, model, held_out, steps, measure=False)))
+        rows.append(scaling_row(trained[folder], evaluate_draft(draft, model, held_out, steps, measure=False)))
     (output_dir / "scaling.json").write_text(json.dumps(rows, indent=1) + "\n")
     (output_dir / "scaling.md").write_text(scaling_table(rows) + "\n")
     print_fn(scaling_table(rows))

@@ -242,9 +242,10 @@ class DraftTrainer:
         if progress.epoch == 0:
             progress.tokens += tokens
             progress.conversations += sum(p.first for p in pieces)
-            while progress.milestone and progress.tokens >= progress.milestone:
-                self.save_milestone()
-                progress.milestone *= 2
+            if progress.milestone and progress.tokens >= progress.milestone:
+                self.save_milestone()  # once, under the milestone crossed, even where a step crosses several
+                while progress.tokens >= progress.milestone:
+                    progress.milestone *= 2
         entry = {"step": progress.step, "loss": float(loss.detach()), "accuracy": accuracy, "tokens": tokens,
                  "learning_rate": rate, "epoch": progress.epoch}
         self.log.append(entry)

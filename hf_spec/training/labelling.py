@@ -122,8 +122,8 @@ def label_by_generation(model, prompts: list[list[int]], layers: tuple[int, ...]
 def pieces(sequence: Labelled, max_length: int) -> list[Labelled]:
     """``sequence`` cut into windows of at most ``max_length`` tokens that overlap by two, so that every covered
     token t >= 2 is predicted from one window's entry t - 2 (a window's first two tokens are left uncovered: the
-    window before predicts them). A window's draft attends only its own entries; its features were computed with
-    the whole sequence before them."""
+    window before predicts them); a window with no covered token to predict is left out. A window's draft attends
+    only its own entries; its features were computed with the whole sequence before them."""
     if max_length < 3:
         raise ValueError(f"max_length must be >= 3 (a window predicts from its third token on); got {max_length}.")
     if len(sequence) <= max_length:
@@ -134,9 +134,10 @@ def pieces(sequence: Labelled, max_length: int) -> list[Labelled]:
         covered = sequence.covered[start:stop].clone()
         if start:
             covered[:2] = False
-        windows.append(Labelled(sequence.tokens[start:stop], covered, sequence.features[start : stop - 1],
-                                sequence.top_ids[start:stop], sequence.top_logprobs[start:stop],
-                                sequence.conversation, sequence.first and not start))
+        if covered[2:].any():  # a window with nothing to predict is left out
+            windows.append(Labelled(sequence.tokens[start:stop], covered, sequence.features[start : stop - 1],
+                                    sequence.top_ids[start:stop], sequence.top_logprobs[start:stop],
+                                    sequence.conversation, not windows))
         if stop == len(sequence):
             return windows
         start = stop - 2
