@@ -77,7 +77,7 @@ def check(args: argparse.Namespace) -> None:
 
         try:
             parse_data_specs(args.data)
-        except FileNotFoundError as error:
+        except (FileNotFoundError, ValueError) as error:
             raise ValueError(f"--data: {error}") from None
 
 

@@ -116,7 +116,8 @@ def _vocabulary(model, stream: ShardStream, config: EagleTrainConfig, stop) -> T
     if config.draft_vocab_size == vocab:
         return None
     shards, index, start, counted = [], 0, 0, 0
-    while counted < config.vocab_tokens and (shard := stream.get(index, start, stop)) is not None:
+    wanted = min(config.vocab_tokens, config.max_tokens or config.vocab_tokens)  # never past the run's budget
+    while counted < wanted and (shard := stream.get(index, start, stop)) is not None:
         shards.append(shard.pieces)
         index, start, counted = index + 1, shard.end, counted + shard.tokens
     if stop():
