@@ -8,15 +8,14 @@ import pytest
 import torch
 
 from hf_spec.eagle.loading import load_eagle_draft, save_eagle_draft
-from hf_spec.eagle.proposer import EagleProposer
 from hf_spec.prompts import Prompt
 from hf_spec.testing import tiny_causal_lm
 from hf_spec.token_map import TokenMap
 from hf_spec.training import optimization
-from hf_spec.training.data import IGNORE, Continuation, self_distill
+from hf_spec.training.data import IGNORE, self_distill
 from hf_spec.training.eagle import EagleTrainConfig, train_eagle
-from hf_spec.training.eagle_draft import (Batch, draft_index, draft_vocabulary, new_eagle_draft, soft_cross_entropy,
-                                          step_losses, unrolled)
+from hf_spec.training.eagle_draft import (Batch, draft_index, draft_vocabulary, label_mass, new_eagle_draft,
+                                          soft_cross_entropy, step_losses, unrolled)
 from hf_spec.training.eagle_evaluation import draft_ranks
 from hf_spec.training.eagle_stream import DraftTrainer
 from hf_spec.training.labelling import Labelled
@@ -174,8 +173,10 @@ def test_the_draft_vocabulary_is_where_the_targets_probability_lies():
     logprobs = torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.6, 0.4], [0.9, 0.1], [0.8, 0.2], [0.5, 0.5]]).log().half()
     sequence = Labelled(tokens, covered, torch.zeros(5, 3), ids, logprobs)
     # mass: 5: 0.6 + 0.9 + 0.5 = 2.0; 7: 0.4 + 0.8 = 1.2; 1: 0.1 + 0.2 + 0.5 = 0.8
-    assert draft_vocabulary([sequence], 2, 12, also=[11]).target_ids.tolist() == [5, 7, 11]
-    assert draft_vocabulary([sequence], 5, 12).target_ids.tolist() == [0, 1, 2, 5, 7]  # then the lowest ids
+    mass = label_mass([sequence, sequence], 12)
+    assert torch.allclose(mass[[5, 7, 1]], torch.tensor([4.0, 2.4, 1.6], dtype=torch.float64), atol=1e-2)
+    assert draft_vocabulary(mass, 2, also=[11]).target_ids.tolist() == [5, 7, 11]
+    assert draft_vocabulary(mass, 5).target_ids.tolist() == [0, 1, 2, 5, 7]  # then the lowest ids
 
 
 def test_a_new_draft_starts_from_the_targets_output_rows(small_target):

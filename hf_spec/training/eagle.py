@@ -29,18 +29,19 @@ import json
 import os
 import shutil
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
+from tqdm.auto import tqdm
 
 from ..conversations import Conversation, Message
 from ..eagle.loading import aux_layer_ids, load_eagle_draft, save_eagle_draft
 from ..settings import COUNT, NON_NEGATIVE, NON_NEGATIVE_COUNT, POSITIVE, SHARE, TRAINING_WINDOW
 from ..token_map import TokenMap
 from .data import SelfDistillation, frozen_model
-from .eagle_draft import draft_vocabulary, new_eagle_draft
+from .eagle_draft import draft_vocabulary, label_mass, new_eagle_draft
 from .eagle_evaluation import evaluate_draft, scaling_row, scaling_table
 from .eagle_stream import CHECKPOINT, MILESTONES, DraftTrainer, StopRequest, TrainingProgress, checkpoint_vocabulary
 from .labelling import Labelled
@@ -106,7 +107,7 @@ def _eos_ids(model) -> list[int]:
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
-def _vocabulary(model, stream: ShardStream, config: EagleTrainConfig, stop) -> TokenMap | None:
+def _vocabulary(model, stream: ShardStream, config: EagleTrainConfig, stop, progress: bool = True) -> TokenMap | None:
     """The draft vocabulary from the first shards' labels (labelled now, kept for training), None when it is
     the target's whole vocabulary."""
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -115,21 +116,25 @@ def _vocabulary(model, stream: ShardStream, config: EagleTrainConfig, stop) -> T
                          f"({vocab}): pass at most {vocab} ({vocab}: the whole vocabulary).")
     if config.draft_vocab_size == vocab:
         return None
-    shards, index, start, counted = [], 0, 0, 0
+    mass, index, start, counted = torch.zeros(vocab, dtype=torch.float64), 0, 0, 0
     wanted = min(config.vocab_tokens, config.max_tokens or config.vocab_tokens)  # never past the run's budget
+    bar = tqdm(total=wanted, unit="tok", unit_scale=True, desc="labelling for the draft vocabulary",
+               disable=not progress)
     while counted < wanted and (shard := stream.get(index, start, stop)) is not None:
-        shards.append(shard.pieces)
+        mass += label_mass(shard.pieces, vocab)
         index, start, counted = index + 1, shard.end, counted + shard.tokens
+        bar.update(shard.tokens)
+    bar.close()
     if stop():
         raise KeyboardInterrupt(f"Stopped while labelling the first shards; those done are kept in {stream.folder}: "
                                 "run again with resume to continue.")
-    return draft_vocabulary((p for pieces in shards for p in pieces), config.draft_vocab_size, vocab,
-                            also=_eos_ids(model))
+    return draft_vocabulary(mass, config.draft_vocab_size, also=_eos_ids(model))
 
 
 def _shard_folder(output_dir: Path, settings: dict, resume: bool) -> Path:
     """``OUTPUT/shards`` for labels made with ``settings``: kept on resume (refused if they were made otherwise),
-    emptied on a fresh run, which also drops the checkpoint and the milestones of the run before."""
+    emptied on a fresh run, which also drops the checkpoint, the milestones and the record of what the draft there
+    was trained on (``trained.json``) of the run before."""
     folder, marker = output_dir / SHARDS, output_dir / SHARDS / "settings.json"
     if resume and not marker.is_file() and not (output_dir / CHECKPOINT).is_file():
         raise FileNotFoundError(f"Nothing to resume: {folder} holds no labelled shards (and {output_dir / CHECKPOINT} "
@@ -141,7 +146,8 @@ def _shard_folder(output_dir: Path, settings: dict, resume: bool) -> Path:
     if not resume:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(output_dir / MILESTONES, ignore_errors=True)
-        (output_dir / CHECKPOINT).unlink(missing_ok=True)
+        for name in (CHECKPOINT, TRAINED):
+            (output_dir / name).unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(settings, indent=1) + "\n")
     return folder
@@ -252,12 +258,17 @@ def train_eagle(model, output_dir: str | Path | None = None, data=None, *, token
         vocab = model.get_output_embeddings().weight.shape[0]
         ids = checkpoint_vocabulary(run.output_dir) if resuming else None
         token_map = (TokenMap(ids, vocab) if ids is not None else None) if resuming else \
-            _vocabulary(model, run.stream, config, stop)
+            _vocabulary(model, run.stream, config, stop, progress)
         torch.manual_seed(config.seed)
         draft = new_eagle_draft(model, token_map, run.aux_layers, config.intermediate_size).to(model.device)
         trainer = DraftTrainer(draft, model.get_input_embeddings(), run.stream, config, run.output_dir, model.dtype,
                                keep_cache=keep_cache, progress=progress, stop=stop)
-        done = trainer.run(resume=resuming, max_steps=max_steps)
+        try:
+            done = trainer.run(resume=resuming, max_steps=max_steps)
+        except KeyboardInterrupt as stopped:  # say how to go on (a second Ctrl-C has no message)
+            if str(stopped):
+                print_fn(str(stopped))
+            raise
     if not done.step or not done.tokens:
         raise ValueError(nothing_trained(done, run.data))
     print_fn(f"Trained on {done.conversations:,} distinct conversations and {done.tokens:,} labelled tokens "

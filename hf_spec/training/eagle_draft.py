@@ -9,6 +9,7 @@ renormalised (a one-hot when the labels are the tokens themselves); the loss is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -22,17 +23,22 @@ from .data import IGNORE
 from .labelling import Labelled
 
 
-def draft_vocabulary(sequences: list[Labelled], size: int, vocab_size: int, also: list[int] = ()) -> TokenMap:
-    """The draft vocabulary: the ``size`` target ids that carry the most of the target's probability over the
-    covered tokens of ``sequences`` (the mass of its top-K labels: the ids a draft scoring them must have; ties
-    and ids never seen: the lowest ids, which byte-level BPE gives its most frequent pieces), plus ``also``
-    (e.g. eos)."""
+def label_mass(sequences: Iterable[Labelled], vocab_size: int) -> torch.Tensor:
+    """[vocab_size] float64: the target's probability each id carries over the covered tokens of ``sequences``
+    (the mass of its top-K labels)."""
     mass = torch.zeros(vocab_size, dtype=torch.float64)
     for s in sequences:
         ids, logprobs = s.top_ids[s.covered].long(), s.top_logprobs[s.covered].double()
         mass.index_add_(0, ids.flatten(), logprobs.exp().flatten())
-    order = torch.sort(-mass, stable=True).indices[: min(size, vocab_size)]  # stable: ids ascending among ties
-    return TokenMap.of([*order.tolist(), *also], vocab_size)
+    return mass
+
+
+def draft_vocabulary(mass: torch.Tensor, size: int, also: list[int] = ()) -> TokenMap:
+    """The draft vocabulary: the ``size`` target ids that carry the most of the target's probability (``mass``,
+    from ``label_mass``: the ids a draft scoring its labels must have; ties and ids never seen: the lowest ids,
+    which byte-level BPE gives its most frequent pieces), plus ``also`` (e.g. eos)."""
+    order = torch.sort(-mass, stable=True).indices[: min(size, len(mass))]  # stable: ids ascending among ties
+    return TokenMap.of([*order.tolist(), *also], len(mass))
 
 
 def new_eagle_draft(target, token_map: TokenMap | None, aux_layers: tuple[int, ...] | None = None,
