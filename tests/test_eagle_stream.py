@@ -96,6 +96,17 @@ def test_a_shard_lost_before_resuming_is_labelled_again_identically(model, quest
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
+def test_a_run_ended_at_its_budget_goes_on_when_resumed_with_a_larger_one(model, questions, straight, tmp_path):
+    train(model, tmp_path, questions, config={"max_tokens": 300})
+    first = json.loads((tmp_path / "trained.json").read_text())
+    assert 300 <= first["tokens"] < json.loads((straight[0] / "trained.json").read_text())["tokens"]
+    train(model, tmp_path, questions, resume=True)  # no budget: the whole stream
+    expected, got = weights(straight[0]), weights(tmp_path)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    with pytest.raises(ValueError, match="cosine schedule decays over max_tokens"):
+        EagleTrainConfig(schedule="cosine")
+
+
 def test_shards_are_deleted_once_trained_on_unless_kept_and_later_epochs_read_them(model, questions, straight,
                                                                                     tmp_path):
     kept = sorted(p.name for p in (straight[0] / "shards").glob("shard-*.pt"))

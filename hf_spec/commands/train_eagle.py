@@ -32,8 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-decay", type=share, help="unrolled step s's loss weight is DECAY ** s")
     parser.add_argument("--warmup-steps", type=positive_int, help="steps of linear learning-rate warm-up")
     parser.add_argument("--max-tokens", type=positive_int,
-                        help="stop after training on this many labelled tokens; the learning rate then decays by a "
-                             "cosine over them (default: the whole data, at a constant rate after warm-up)")
+                        help="stop labelling once this many labelled tokens are trained on (default: the whole "
+                             "data); resumed with a larger one, the run goes on")
+    parser.add_argument("--schedule", choices=("constant", "cosine"),
+                        help="the learning rate after warm-up: constant (default: no total needed, milestones "
+                             "comparable, a run extendable), or cosine to 0 over --max-tokens")
     parser.add_argument("--max-length", type=in_range(TRAINING_WINDOW, "length"),
                         help="tokens a training sequence holds (longer conversations are cut into windows)")
     parser.add_argument("--first-milestone", type=in_range(NON_NEGATIVE_COUNT, "tokens"),

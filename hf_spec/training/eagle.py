@@ -49,6 +49,7 @@ from .shards import LABELS, Labeller, ShardStream
 from .sources import HeldOut, mix, parse_data_specs, read_sources
 
 SHARDS, TRAINED = "shards", "trained.json"
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -70,6 +71,7 @@ class EagleTrainConfig:
     shard_tokens: int = 16384  # labelled tokens a shard holds (labelled, then trained on)
     max_length: int = 1024  # tokens a training sequence holds (longer ones are cut into windows)
     max_tokens: int | None = None  # stop labelling after this many labelled tokens (None: the whole stream)
+    schedule: str = "constant"  # the learning rate after warm-up: "constant", or "cosine" to 0 over max_tokens
     vocab_tokens: int = 100_000  # labelled tokens whose labels choose the draft vocabulary
     first_milestone: int = 50_000  # a draft is saved at this many labelled tokens, then at every doubling (0: none)
 
@@ -87,6 +89,10 @@ class EagleTrainConfig:
             POSITIVE.check(name, getattr(self, name))
         NON_NEGATIVE.check("weight_decay", self.weight_decay)
         SHARE.check("loss_decay", self.loss_decay)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}.")
+        if self.schedule == "cosine" and self.max_tokens is None:
+            raise ValueError("The cosine schedule decays over max_tokens: give max_tokens, or keep the constant one.")
 
 
 def default_output(model) -> Path:

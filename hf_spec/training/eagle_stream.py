@@ -10,9 +10,10 @@ at every shard's end (before the shard is deleted) and when the run is stopped; 
 on the same order, so its weights are what an uninterrupted run's would be. Ctrl-C stops at the next step or the
 next group of conversations labelled (a second Ctrl-C stops at once).
 
-The learning rate warms up over ``warmup_steps`` steps, then stays (no total needed: the scaling curve's
-milestones are drafts of one schedule), or with ``max_tokens`` decays by a cosine over the tokens the run will
-train on (``max_tokens`` x ``epochs``). Drafts are saved at token milestones (``first_milestone`` labelled tokens,
+The learning rate warms up over ``warmup_steps`` steps, then stays (``schedule="constant"``: no total needed, the
+scaling curve's milestones are drafts of one schedule, and a run stopped at ``max_tokens`` can be resumed with a
+larger budget), or (``schedule="cosine"``) decays by a cosine over the tokens the run will train on
+(``max_tokens`` x ``epochs``). Drafts are saved at token milestones (``first_milestone`` labelled tokens,
 then every doubling) in ``milestones/tokens-N/``, for the scaling curve (``hf_spec.training.eagle_evaluation``).
 """
 from __future__ import annotations
@@ -45,7 +46,9 @@ class TrainingProgress:
     index) and ``start``, where it begins in the stream (first epoch); ``batch``: the next batch in it; ``shards``:
     how many the first epoch made (None until it ends); ``tokens``/``conversations``: the distinct labelled
     tokens and conversations trained on (first epoch); ``tokens_seen``: labelled tokens trained on, every epoch;
-    ``skipped``: conversations not labelled, by reason; ``milestone``: the next milestone (tokens)."""
+    ``skipped``: conversations not labelled, by reason; ``milestone``: the next milestone (tokens);
+    ``budget_reached``: the first epoch ended at ``max_tokens``, not at the stream's end (a resumed run with a larger
+    budget goes on labelling)."""
 
     step: int = 0
     epoch: int = 0
@@ -58,6 +61,7 @@ class TrainingProgress:
     tokens_seen: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     milestone: int = 0
+    budget_reached: bool = False
 
 
 def token_schedule_factor(step: int, tokens_seen: int, warmup_steps: int, budget: int | None) -> float:
@@ -114,7 +118,7 @@ class DraftTrainer:
         self.optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=config.learning_rate,
                                            weight_decay=config.weight_decay, fused=draft.device.type in ("cpu", "cuda"))
         self.weights = [config.loss_decay ** s for s in range(config.ttt_steps)]
-        self.budget = config.max_tokens * config.epochs if config.max_tokens else None
+        self.budget = config.max_tokens * config.epochs if config.schedule == "cosine" else None
         self.progress = TrainingProgress(milestone=config.first_milestone)
         self.log: list[dict] = []
 
@@ -158,6 +162,7 @@ class DraftTrainer:
         Raises KeyboardInterrupt, after the checkpoint, when stopped."""
         if resume:
             self.load()
+            self._reopen()
         bar = tqdm(total=self._bar_total(), initial=self.progress.tokens_seen, unit="tok", unit_scale=True,
                    desc="training the EAGLE draft", disable=not self.show)
         clock = CheckpointClock(self.config.checkpoint_every, -1, self.config.checkpoint_minutes)
@@ -173,6 +178,14 @@ class DraftTrainer:
             raise KeyboardInterrupt(f"Stopped at step {self.progress.step}; {self.checkpoint} is saved: run again "
                                     "with resume to continue.")
         return self.progress
+
+    def _reopen(self) -> None:
+        """A run that stopped at its budget, resumed with a larger one before any later epoch began: its first epoch
+        goes on from the shard after the last."""
+        progress, budget = self.progress, self.config.max_tokens
+        untouched = progress.epoch == 1 and progress.shard == 0 and progress.batch == 0
+        if progress.budget_reached and untouched and (budget is None or progress.tokens < budget):
+            progress.epoch, progress.shard, progress.shards, progress.budget_reached = 0, progress.shards, None, False
 
     def _bar_total(self) -> int | None:
         if self.budget is not None:
@@ -191,7 +204,7 @@ class DraftTrainer:
                 shard = self.stream.get(progress.shard, progress.start, self.stop) if budget_left else None
                 if shard is not None or self.stop():
                     return shard
-                progress.shards = progress.shard  # the stream (or the budget) is done
+                progress.shards, progress.budget_reached = progress.shard, not budget_left  # the stream or the budget
             elif progress.shard < progress.shards:
                 order = torch.randperm(progress.shards, generator=torch.Generator().manual_seed(
                     self.config.seed + progress.epoch))
