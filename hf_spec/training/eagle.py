@@ -262,9 +262,11 @@ def train_eagle(model, output_dir: str | Path | None = None, data=None, *, token
     resuming = resume and (run.output_dir / CHECKPOINT).is_file()
     with stop.installed() if isinstance(stop, StopRequest) else nullcontext():
         vocab = model.get_output_embeddings().weight.shape[0]
-        ids = checkpoint_vocabulary(run.output_dir) if resuming else None
-        token_map = (TokenMap(ids, vocab) if ids is not None else None) if resuming else \
-            _vocabulary(model, run.stream, config, stop, progress)
+        if resuming:
+            ids = checkpoint_vocabulary(run.output_dir)
+            token_map = None if ids is None else TokenMap(ids, vocab)
+        else:
+            token_map = _vocabulary(model, run.stream, config, stop, progress)
         torch.manual_seed(config.seed)
         draft = new_eagle_draft(model, token_map, run.aux_layers, config.intermediate_size).to(model.device)
         trainer = DraftTrainer(draft, model.get_input_embeddings(), run.stream, config, run.output_dir, model.dtype,
@@ -282,15 +284,11 @@ def train_eagle(model, output_dir: str | Path | None = None, data=None, *, token
              f"{sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M parameters (vocabulary "
              f"{draft.lm_head.out_features} of {vocab})")
     save_eagle_draft(draft.to(model.dtype), run.output_dir)
-    (run.output_dir / TRAINED).write_text(json.dumps(trained_on(done)) + "\n")
+    (run.output_dir / TRAINED).write_text(json.dumps(done.trained()) + "\n")
     draft = load_eagle_draft(run.output_dir, target=model)  # what strategy="eagle" will run, in the model's dtype
     evaluation = evaluate_draft(draft, model, _held_out(run.pipeline), config.ttt_steps, measure=measure)
     _write_evaluation(run.output_dir, evaluation, print_fn)
     return draft, evaluation
-
-
-def trained_on(progress: TrainingProgress) -> dict:
-    return {"tokens": progress.tokens, "conversations": progress.conversations, "step": progress.step}
 
 
 def evaluate_milestones(model, output_dir: str | Path, tokenizer=None, questions: str | Path | None = None,

@@ -63,6 +63,10 @@ class TrainingProgress:
     milestone: int = 0
     budget_reached: bool = False
 
+    def trained(self) -> dict:
+        """What a draft saved now was trained on (its ``trained.json``)."""
+        return {"tokens": self.tokens, "conversations": self.conversations, "step": self.step}
+
 
 def token_schedule_factor(step: int, tokens_seen: int, warmup_steps: int, budget: int | None) -> float:
     """Linear warm-up over ``warmup_steps``; then 1, or with a ``budget`` (tokens), a cosine from 1 to 0 over it."""
@@ -151,9 +155,7 @@ class DraftTrainer:
     def save_milestone(self) -> None:
         folder = self.output_dir / MILESTONES / f"tokens-{self.progress.milestone}"
         save_eagle_draft(copy.deepcopy(self.draft).to(self.milestone_dtype).eval(), folder)
-        trained = {"tokens": self.progress.tokens, "conversations": self.progress.conversations,
-                   "step": self.progress.step}
-        (folder / "trained.json").write_text(json.dumps(trained) + "\n")
+        (folder / "trained.json").write_text(json.dumps(self.progress.trained()) + "\n")
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
