@@ -347,3 +347,10 @@ EAGLE = ["train-eagle", "--model", "{tmp}/model", "--output", "{tmp}/draft"]
 ])
 def test_train_eagle_bad_input(argv, expected, saved, capsys, nothing_runs):
     run_bad(argv, saved, capsys, expected)
+
+
+def test_evaluate_eagle_needs_the_runs_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        main(["evaluate-eagle", "--model", "org/model", "--output", str(tmp_path / "no-run")])
+    line = error_line(excinfo, capsys, "evaluate-eagle")
+    assert f"--output {tmp_path / 'no-run'}: no such folder" in line
