@@ -268,7 +268,8 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt"
 
 FORMATS = {  # the key that says a record's format -> what the record must hold
     "turns": "'turns': a non-empty list of strings (Spec-Bench: the user's turns, in order)",
-    "conversations": "'conversations': a non-empty list of {'from': one of " + ", ".join(SHAREGPT_ROLES) + ", 'value': text}",
+    "conversations": ("'conversations': a non-empty list of {'from': one of " + ", ".join(SHAREGPT_ROLES)
+                      + ", 'value': text}"),
     "messages": "'messages': a non-empty list of {'role': one of " + ", ".join(ROLES) + ", 'content': text}",
     "text": "'text': the prompt, a string",
     "prompt": "'prompt': the prompt, a string",
@@ -371,7 +372,8 @@ def _kind(value) -> str:
         return f"the string {value[:40]!r}"
     if isinstance(value, (bool, int, float)):
         return f"the {type(value).__name__} {value!r}"
-    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__) + (" (empty)" if not value else "")
+    name = {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+    return name + (" (empty)" if not value else "")
 
 
 def _skip_space(text: str, position: int) -> int:
@@ -420,7 +422,8 @@ def read_folder(folder: str | Path, max_file_bytes: int = 1 << 20) -> Reading:
             reading.conversations.append(Conversation(messages, str(folder), relative, content_id(messages)))
     if not reading.conversations:
         raise ValueError(f"No text or source files in {folder} ({'; '.join(reading.report()) or 'it is empty'}): "
-                         f"a folder is read as documents, one a file with a suffix of {' '.join(sorted(TEXT_SUFFIXES))}.")
+                         "a folder is read as documents, one a file with a suffix of "
+                         f"{' '.join(sorted(TEXT_SUFFIXES))}.")
     return reading
 
 

@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from .conversations import Conversation, read_conversations
-
-SPEC_BENCH_QUESTIONS = Path(__file__).resolve().parent / "data" / "spec_bench_questions.jsonl"
+from .resources import SPEC_BENCH_QUESTIONS
 
 
 @dataclass(frozen=True)

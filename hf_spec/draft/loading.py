@@ -158,8 +158,8 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
     if draft_quantization is None:
         return None
     if draft_quantization not in ("4bit", "8bit") and not isinstance(draft_quantization, BitsAndBytesConfig):
-        raise ValueError(f"draft_quantization must be 'auto', '4bit', '8bit', '{INT8_WEIGHT_ONLY}', None or a "
-                         f"BitsAndBytesConfig; got {draft_quantization!r}.")
+        raise ValueError(f"draft_quantization must be '4bit', '8bit', '{INT8_WEIGHT_ONLY}', 'auto' (the default: "
+                         f"what times faster here), None or a BitsAndBytesConfig; got {draft_quantization!r}.")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ValueError("draft_quantization needs bitsandbytes: pip install bitsandbytes (or 'hf-spec[quantization]').")
     if isinstance(draft_quantization, BitsAndBytesConfig):

@@ -59,8 +59,8 @@ def python_function_conversations(roots: list[Path], source: str, packages: Coll
                     continue
                 reading.conversations.append(
                     function_conversation(node, qualname, module, lines, source, f"{relative}:{node.lineno}"))
-    reading.notes.append(f"{len(reading.conversations)} functions from {modules} modules"
-                         + (f" (left out {sum(left_out.values())} functions: {counts_text(left_out)})" if left_out else ""))
+    left = f" (left out {sum(left_out.values())} functions: {counts_text(left_out)})" if left_out else ""
+    reading.notes.append(f"{len(reading.conversations)} functions from {modules} modules{left}")
     return reading
 
 
