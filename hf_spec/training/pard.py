@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
