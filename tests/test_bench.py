@@ -259,3 +259,33 @@ def test_plot_draws_modes_without_k_as_levels(tmp_path, monkeypatch):
     assert [line.get_label() for line in accept.get_lines()] == ["draft", "eagle"]
     eagle = speed.get_lines()[2]
     assert list(eagle.get_ydata()) == [1.05, 1.05]  # the overall row, across the whole k axis
+
+
+def test_with_one_k_the_plot_draws_bars_per_mode_and_per_category(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from hf_spec.bench.report import plot
+
+    rows = [{"mode": mode, "category": category, "speedup": speedup, "acceptance_rate": accept}
+            for category in ("all", "coding", "math")
+            for mode, speedup, accept in (("vanilla", 1.0, None), ("vanilla-again", 0.99, None),
+                                          ("draft@3", 1.4, 0.6), ("draft+lookup@3", 1.5, 0.7), ("auto", 1.3, 0.6))]
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path: saved.append(figure))
+    plot(tmp_path / "bench.png", rows)
+    overall, by_category = saved[0].axes
+    assert [bar.get_height() for bar in overall.patches] == [0.99, 1.4, 1.5, 1.3]
+    assert len(by_category.patches) == 4 * 2  # four modes in two categories
+    assert [text.get_text() for text in by_category.get_xticklabels()] == ["coding", "math"]
+
+
+def test_the_per_category_table_keeps_long_mode_names_apart():
+    from hf_spec.bench.report import format_report
+
+    rows = [{"mode": mode, "category": category, "speedup": 1.0, "acceptance_rate": 0.5, "tokens_per_s": 1.0,
+             "equal_to_vanilla": 1.0, "median_prompt_speedup": 1.0}
+            for category in ("all", "coding") for mode in ("vanilla", "vanilla-again", "draft-int8_weight_only@3",
+                                                           "draft+lookup@3")]
+    header = next(line for line in format_report(rows, None).splitlines() if line.startswith("category"))
+    assert " draft-int8_weight_only@3 " in header and header.endswith(" draft+lookup@3")

@@ -23,7 +23,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only); ``batch_size``: prompts per
     generate() call, left-padded (tokens/s then counts every row's tokens); ``warmup``: prompts every mode
     runs untimed first."""
-    names = mode_names(modes, ks, alphas, contenders.quantization)
+    names = mode_names(modes, ks, alphas)
     encoded = encoded or [encode(tokenizer, p.text) for p in prompts]
     tree_nodes = check_contenders(contenders, names, batch_size)
     pad_token_id = None
@@ -54,12 +54,14 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     print_fn(f"{len(prompts)} {'batches' if batch_size > 1 else 'prompts'}{batches} x {repeats} repeats, "
              f"{max_new_tokens} new tokens, {'sampling T=' + str(temperature) if do_sample else 'greedy'}, mean "
              f"prompt {prompt_length} tokens")
+    if contenders.draft_form:
+        print_fn(f"the draft modes' draft: {contenders.draft_form}")
     report(rows, runs, costs, print_fn)
     if json_path:
         settings = dict(modes=names, ks=ks, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
                         repeats=repeats, do_sample=do_sample, temperature=temperature, warmup=warmup,
                         prompts=[p.question_id for p in prompts], draft_vocab_size=contenders.draft_vocab_size,
-                        draft_quantization=contenders.draft_quantization, eagle_tree=contenders.eagle_tree)
+                        draft_form=contenders.draft_form, eagle_tree=contenders.eagle_tree)
         write_json(json_path, rows, runs, costs, settings)
     if plot_path:
         plot(plot_path, rows)
@@ -75,6 +77,8 @@ def check_contenders(contenders: Contenders, names: list[str], batch_size: int) 
     if any(n.startswith(("assisted@", "draft", "parallel@", "auto", "stepwise")) for n in names) and \
             contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
+    if any(n.startswith("draft-full@") for n in names) and contenders.full_draft is None:
+        raise ValueError("The draft-full mode needs the draft in full precision (Contenders.full_draft).")
     if "eagle" in names and contenders.eagle_model is None:
         raise ValueError("The eagle mode needs an EAGLE draft (--eagle-model).")
     if "medusa" not in names:

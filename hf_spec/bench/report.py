@@ -130,13 +130,14 @@ def format_report(rows: list[dict], costs: Costs | None) -> str:
     parts.append("\nper category (speedup vs vanilla in that category / acceptance):")
     categories = list(dict.fromkeys(r["category"] for r in rows if r["category"] != "all"))
     modes = [r["mode"] for r in rows if r["category"] == "all" and r["mode"] != "vanilla"]
-    parts.append(f"{'category':<16}" + "".join(f"{m:>20}" for m in modes))
+    widths = [max(16, len(mode) + 2) for mode in modes]  # a long mode name keeps a space before it
+    parts.append(f"{'category':<16}" + "".join(mode.rjust(width) for mode, width in zip(modes, widths)))
     for category in categories:
         cells = []
-        for mode in modes:
+        for mode, width in zip(modes, widths):
             row = next(r for r in rows if r["category"] == category and r["mode"] == mode)
             accept = row.get("acceptance_rate")
-            cells.append(f"{_fmt(row['speedup'], 0, '.2f', 'x')} / {_fmt(accept, 0, '.0%')}".rjust(20))
+            cells.append(f"{_fmt(row['speedup'], 0, '.2f', 'x')} / {_fmt(accept, 0, '.0%')}".rjust(width))
         parts.append(f"{category:<16}" + "".join(cells))
     return "\n".join(parts)
 
@@ -158,9 +159,13 @@ def plot(path, rows: list[dict]) -> None:
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise ValueError(PLOT_NEEDS) from error
-    figure, (speed_axis, accept_axis) = plt.subplots(1, 2, figsize=(10, 4))
     overall = [r for r in rows if r["category"] == "all" and "@" in r["mode"]]
     families = list(dict.fromkeys(r["mode"].split("@")[0] for r in overall))
+    if len(overall) == len(families):  # one k a family: nothing to draw against k
+        figure = plot_bars(plt, rows)
+        figure.savefig(path)
+        return
+    figure, (speed_axis, accept_axis) = plt.subplots(1, 2, figsize=(10, 4))
     for color, family in enumerate(families):
         family_rows = sorted((r for r in overall if r["mode"].startswith(family + "@")),
                              key=lambda r: int(r["mode"].split("@")[1]))
@@ -184,3 +189,33 @@ def plot(path, rows: list[dict]) -> None:
     accept_axis.legend()
     figure.tight_layout()
     figure.savefig(path)
+
+
+def plot_bars(plt, rows: list[dict]):
+    """Speedup and acceptance per mode (left), speedup per mode in each category (right), as bars."""
+    modes = [r["mode"] for r in rows if r["category"] == "all" and r["mode"] != "vanilla"]
+    overall = {r["mode"]: r for r in rows if r["category"] == "all"}
+    categories = list(dict.fromkeys(r["category"] for r in rows if r["category"] != "all"))
+    figure, (speed_axis, category_axis) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=(1, 2))
+    bars = speed_axis.bar(modes, [overall[m]["speedup"] for m in modes], color=[f"C{i % 10}" for i in
+                                                                              range(len(modes))])
+    for bar, mode in zip(bars, modes):  # the acceptance above each bar
+        accept = overall[mode].get("acceptance_rate")
+        if accept is not None:
+            speed_axis.annotate(f"{accept:.0%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", fontsize=8)
+    speed_axis.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    speed_axis.set(ylabel="speedup vs plain generate", title="overall (acceptance above the bars)")
+    speed_axis.tick_params(axis="x", rotation=45)
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        values = [next(r["speedup"] for r in rows if r["category"] == c and r["mode"] == mode) for c in categories]
+        category_axis.bar([j + i * width for j in range(len(categories))], values, width, color=f"C{i % 10}",
+                          label=mode)
+    category_axis.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    category_axis.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(categories))], categories,
+                             rotation=45, ha="right")
+    category_axis.set(ylabel="speedup vs plain generate", title="by category")
+    category_axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

@@ -2,7 +2,9 @@
 
 Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
 itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
-``draft@k`` (the draft as a chain: ``parallel_draft=False``), ``parallel@k`` (the same draft proposing k tokens from
+``draft@k`` (the draft as a chain: ``parallel_draft=False``, in the form the draft modes share: by default what
+``draft_quantization="auto"`` and ``draft_vocab_size="auto"`` choose), ``draft-full@k`` (the same draft in full
+precision with its whole vocabulary), ``parallel@k`` (the same draft proposing k tokens from
 one forward: ``parallel_draft=True``, a draft with ``pard_token``), ``auto`` and ``stepwise``
 (num_speculative_tokens="auto" / "stepwise"; a parallel draft proposes in parallel), ``medusa`` and ``eagle``;
 ``hf-lookup`` (transformers' prompt lookup, ``prompt_lookup_num_tokens=10``), ``lookup`` (strategy="prompt_lookup",
@@ -32,13 +34,12 @@ class Contenders:
     draft: object = None
     medusa_heads: object = None
     tree: object = None
-    quantized_draft: object = None  # the draft loaded by bitsandbytes (rows draft-4bit@k)
-    quantization: str | None = None
-    draft_vocab_size: int | None = None  # the draft strategy's draft_vocab_size (rows draft@k, stepwise, auto)
+    draft_vocab_size: int | None = None  # the draft modes' draft_vocab_size (all but draft-full@k)
+    draft_form: str | None = None  # the form the draft modes' draft is in, and why (printed, kept in the JSON)
+    full_draft: object = None  # the draft in full precision (rows draft-full@k)
     eagle_model: object = None  # an EagleDraft (row eagle)
     eagle_nodes: int | str = "auto"  # the eagle row's num_speculative_tokens
     eagle_tree: object = "dynamic"  # the eagle row's tree: "dynamic" or a static tree's paths (train-eagle's tree.json)
-    draft_quantization: str | None = None  # how ``draft`` itself was quantized (recorded in the JSON)
 
 
 @dataclass
@@ -54,8 +55,7 @@ class Run:
     differences: list[dict] = field(default_factory=list)  # greedy: each row's first difference from vanilla
 
 
-def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None,
-               quantization: str | None = None) -> list[str]:
+def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None) -> list[str]:
     """e.g. (["vanilla", "draft"], [3]) -> vanilla, vanilla-again, draft@3; with alphas [0.8] the draft's
     acceptance is controlled (synthetic bench): draft@3~0.8."""
     names = []
@@ -64,15 +64,13 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += ["vanilla", "vanilla-again"]
         elif mode == "draft" and alphas:
             names += [f"draft@{k}~{alpha}" for alpha in alphas for k in ks]
-        elif mode in ("assisted", "draft", "parallel", "draft+lookup"):
+        elif mode in ("assisted", "draft", "draft-full", "parallel", "draft+lookup"):
             names += [f"{mode}@{k}" for k in ks]
-            if mode == "draft" and quantization:
-                names += [f"draft-{quantization}@{k}" for k in ks]
         elif mode in ("medusa", "eagle", "auto", "stepwise", "hf-lookup", "lookup"):
             names.append(mode)
         else:
-            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, parallel, auto, stepwise, "
-                             "medusa, eagle, hf-lookup, lookup, draft+lookup.")
+            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, draft-full, parallel, auto, "
+                             "stepwise, medusa, eagle, hf-lookup, lookup, draft+lookup.")
     if "vanilla" not in names:
         raise ValueError("--modes must include vanilla: every speedup is measured against it.")
     return names
@@ -107,9 +105,11 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     elif mode.startswith("draft+lookup@"):
         kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=int(mode.split("@")[1]),
                       draft_vocab_size=contenders.draft_vocab_size, prompt_lookup=True)
-    elif mode.startswith(("draft", "parallel@")):
-        draft = contenders.quantized_draft if mode.startswith("draft-") else contenders.draft
-        kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]),
+    elif mode.startswith("draft-full@"):
+        kwargs.update(strategy="draft", draft_model=contenders.full_draft, num_speculative_tokens=int(mode.split("@")[1]),
+                      draft_vocab_size=None, parallel_draft=False)
+    elif mode.startswith(("draft@", "parallel@")):
+        kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=int(mode.split("@")[1]),
                       draft_vocab_size=contenders.draft_vocab_size, parallel_draft=mode.startswith("parallel@"))
     elif mode == "medusa":
         kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)

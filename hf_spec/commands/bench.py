@@ -17,7 +17,7 @@ from ..prompts import load_prompts
 
 NAME = "bench"
 HELP = "tokens/s against plain generate() and assisted generation"
-DRAFT_MODES = ("assisted", "draft", "parallel", "auto", "stepwise", "draft+lookup")
+DRAFT_MODES = ("assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft+lookup")
 
 
 # -- option types ----------------------------------------------------------------------------------------------------
@@ -43,6 +43,13 @@ def category_counts(text: str) -> dict[str, int]:
             raise argparse.ArgumentTypeError(f"expected CATEGORY:N pairs such as summarization:5,rag:5; got {item!r}")
         counts[name] = int(count)
     return counts
+
+
+def vocab_size(text: str) -> int | str | None:
+    """``--draft-vocab-size``: "auto", "none" (None) or a count (``hf_spec.settings.DRAFT_VOCAB_SIZE``)."""
+    from ..settings import DRAFT_VOCAB_SIZE
+
+    return None if text == "none" else DRAFT_VOCAB_SIZE.parse(text)
 
 
 def synthetic_configs(spec: str) -> tuple:
@@ -140,15 +147,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     model = path_action(model_source)
     parser.add_argument("--target", action=model, help="target model (Hub id or path)")
     parser.add_argument("--draft", action=model, help="draft model (Hub id or path), for the assisted and draft modes")
-    parser.add_argument("--draft-quantization", choices=["4bit", "8bit", "int8_weight_only"],
-                        help="also run the draft quantized: by bitsandbytes (rows draft-4bit@k / draft-8bit@k) or "
-                             "with torch's CPU int8 kernel (rows draft-int8_weight_only@k)")
-    parser.add_argument("--quantized-draft-only", action="store_true",
-                        help="run every draft mode (draft@k, stepwise, auto) and the calibration with the quantized "
-                             "draft instead, and not the full-precision one")
-    parser.add_argument("--draft-vocab-size", type=positive_int,
-                        help="the draft modes score only this many target ids (the lowest, plus eos and the "
-                             "prompt's tokens): a cheaper draft, the same output")
+    parser.add_argument("--draft-quantization", choices=["auto", "none", "4bit", "8bit", "int8_weight_only"],
+                        default="auto",
+                        help="the form of the draft every draft mode runs (assisted@k gets the same object): auto "
+                             "(default, what a user gets: int8 weights where they time faster here), none (as "
+                             "loaded), bitsandbytes 4bit/8bit, or torch's CPU int8 kernel")
+    parser.add_argument("--draft-vocab-size", type=vocab_size, default="auto",
+                        help="the target ids the draft modes score: auto (default, a subset sized by coverage where it "
+                             "times faster here), none (the whole vocabulary), or a number (the lowest ids, plus eos "
+                             "and the prompt's tokens)")
     parser.add_argument("--medusa-heads", action=model, help="Medusa heads (Hub id or path), for the medusa mode")
     parser.add_argument("--eagle-model", action=model, help="EAGLE draft (Hub id or path), for the eagle mode")
     parser.add_argument("--eagle-nodes", type=positive_int,
@@ -206,10 +213,8 @@ def check_modes(args: argparse.Namespace) -> None:
         (args.eagle_tree and "eagle" not in args.modes,
          "--eagle-tree sets the eagle mode's static tree: add eagle to --modes."),
         (args.eagle_tree and args.eagle_nodes, "--eagle-tree sets the nodes verified per step itself: drop --eagle-nodes."),
-        (args.draft_quantization and not args.draft, "--draft-quantization needs --draft."),
-        (args.quantized_draft_only and not args.draft_quantization,
-         "--quantized-draft-only needs --draft-quantization (the quantization to run)."),
-        (args.draft_vocab_size and not args.draft, "--draft-vocab-size needs --draft."),
+        (args.draft_quantization != "auto" and not args.draft, "--draft-quantization needs --draft."),
+        (args.draft_vocab_size != "auto" and not args.draft, "--draft-vocab-size needs --draft."),
         (args.batch_size > 1 and "assisted" in args.modes,
          "transformers' assisted generation takes one row at a time: drop the assisted mode from --modes for "
          "--batch-size > 1."),
@@ -282,26 +287,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def load_contenders(args: argparse.Namespace):
-    """The target and what each mode needs, loaded in ``args.dtype``."""
+    """The target and what each mode needs, loaded in ``args.dtype``; the draft modes' draft in the form
+    ``--draft-quantization`` and ``--draft-vocab-size`` ask ("auto": chosen as generate() chooses it)."""
     from ..bench.run import Contenders
-    from ..draft.loading import resolve_draft
+    from ..draft.generate import vocab_choice
+    from ..draft.loading import resolve_draft_and_tokenizers
     from ..eagle import load_eagle_draft
     from ..medusa import load_medusa_heads
 
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=args.dtype).eval()
-    draft = None
-    if args.draft and not args.quantized_draft_only:
-        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=args.dtype).eval()
-    heads = load_medusa_heads(args.medusa_heads, base_model=target) if args.medusa_heads else None
-    quantized = None
-    if args.draft_quantization:
-        quantized = resolve_draft(args.draft, target, draft_quantization=args.draft_quantization)
-    eagle = load_eagle_draft(args.eagle_model, target=target) if args.eagle_model else None
-    contenders = Contenders(target, draft, heads, args.tree, quantized, args.draft_quantization, args.draft_vocab_size,
-                            eagle, args.eagle_nodes or "auto", args.eagle_tree or "dynamic")
-    if args.quantized_draft_only:  # every draft mode, and the calibration, with the quantized draft
-        contenders.draft, contenders.quantized_draft, contenders.quantization = quantized, None, None
-        contenders.draft_quantization = args.draft_quantization
+    contenders = Contenders(target, medusa_heads=load_medusa_heads(args.medusa_heads, base_model=target)
+                            if args.medusa_heads else None, tree=args.tree,
+                            eagle_model=load_eagle_draft(args.eagle_model, target=target) if args.eagle_model else None,
+                            eagle_nodes=args.eagle_nodes or "auto", eagle_tree=args.eagle_tree or "dynamic")
+    if args.draft:
+        quantization = None if args.draft_quantization == "none" else args.draft_quantization
+        draft = resolve_draft_and_tokenizers(args.draft, target, draft_quantization=quantization)
+        contenders.draft_vocab_size, vocabulary = vocab_choice(draft, args.draft_vocab_size)
+        contenders.draft, contenders.draft_form = draft.model, f"{draft.weights}; {vocabulary}"
+    if "draft-full" in args.modes:
+        contenders.full_draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=args.dtype).eval()
     return contenders
 
 
