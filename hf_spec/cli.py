@@ -152,6 +152,7 @@ k_list = comma_list(positive_int)
 probability_list = comma_list(probability)
 
 
+SYNTHETIC_MODES = ("vanilla", "draft", "eagle", "medusa")  # what bench --synthetic builds random models for
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # hf_spec.dtypes.CHOICES, without importing torch
 DTYPE_HELP = ("auto (default): the checkpoint's own dtype, float32 for bfloat16/float16 checkpoints on a CPU "
               "without native bfloat16 and for models built in code; or float32, bfloat16, float16")
@@ -207,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--modes", type=bench_modes,
                        help="any of vanilla, assisted, draft, auto, stepwise, medusa, eagle, hf-lookup, lookup, "
                             "draft+lookup (vanilla among them; default "
-                            "vanilla,assisted,draft, with --synthetic vanilla,draft)")
+                            "vanilla,assisted,draft; --synthetic runs vanilla,draft (the default), eagle, medusa)")
     bench.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
     bench.add_argument("--questions", help="prompts jsonl or text file (default: the Spec-Bench questions shipped "
                                            "with hf-spec)")
@@ -442,10 +443,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.command == "bench" and args.modes is None:
         args.modes = bench_modes("vanilla,draft" if args.synthetic else "vanilla,assisted,draft")
     if args.command == "bench" and args.synthetic:
-        others = sorted({mode for mode in args.modes if mode not in ("vanilla", "draft")})
+        others = sorted({mode for mode in args.modes if mode not in SYNTHETIC_MODES})
         if others:
-            raise UsageError(f"--synthetic runs the modes vanilla and draft only (random weights, acceptance set by "
-                             f"--alpha); drop {', '.join(others)} from --modes")
+            raise UsageError(f"--synthetic runs the modes {', '.join(SYNTHETIC_MODES)} only (random weights, "
+                             f"acceptance set by --alpha); drop {', '.join(others)} from --modes")
     if args.command == "plan" and args.draft_quantization and not args.draft:
         raise UsageError("--draft-quantization needs --draft (the model to quantize)")
     if args.command == "evaluate-medusa" and args.output is None and not os.path.isdir(os.path.expanduser(args.heads)):

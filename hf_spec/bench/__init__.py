@@ -44,21 +44,14 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         calibrate_costs = False  # the cost model predicts one row
     if any(n.startswith(("assisted@", "draft", "auto", "stepwise")) for n in names) and contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
-    tree_nodes = None
-    if "eagle" in names and contenders.eagle_model is None:
-        raise ValueError("The eagle mode needs an EAGLE draft (--eagle-model).")
-    if "medusa" in names:
-        if contenders.medusa_heads is None:
-            raise ValueError("The medusa mode needs Medusa heads (--medusa-heads).")
-        if contenders.tree != "auto":
-            tree_nodes = build_tree_buffers(resolve_tree(contenders.tree)).num_nodes
+    tree_nodes = fixed_tree_nodes(contenders, names)
     generation_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
     if do_sample:
         generation_kwargs["temperature"] = temperature
     prompt_length = round(statistics.mean(inputs["input_ids"].shape[1] for inputs in encoded))
     costs = None
-    if calibrate_costs and any(name.startswith(("draft@", "medusa")) for name in names):
-        widths = [k + 1 for k in ks] + ([tree_nodes + 1] if tree_nodes else [])
+    if calibrate_costs and any(name.startswith(("draft@", "medusa", "eagle")) for name in names):
+        widths = [k + 1 for k in ks] + [nodes + 1 for nodes in tree_nodes.values()]
         draft_head = None
         if contenders.draft_vocab_size and contenders.draft is not None:
             vocab = contenders.draft.get_output_embeddings().weight.shape[0]
@@ -90,6 +83,30 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     if plot_path:
         plot(plot_path, rows)
     return rows
+
+
+def fixed_tree_nodes(contenders: Contenders, names: list[str]) -> dict[str, int]:
+    """The nodes verified per step by the tree modes among ``names`` that verify a fixed number ("medusa" with a
+    fixed tree; "eagle" with a number of nodes, or any acceptance-controlled one), by family; checks that each has
+    its model."""
+    nodes = {}
+    if any(name.startswith("eagle") for name in names):
+        if contenders.eagle_model is None:
+            raise ValueError("The eagle mode needs an EAGLE draft (--eagle-model).")
+        from .synthetic_trees import EAGLE_NODES
+
+        if isinstance(contenders.eagle_nodes, int):
+            nodes["eagle"] = contenders.eagle_nodes
+        elif any(name.startswith("eagle~") for name in names):
+            nodes["eagle"] = EAGLE_NODES
+    if any(name.startswith("medusa") for name in names):
+        if contenders.medusa_heads is None:
+            raise ValueError("The medusa mode needs Medusa heads (--medusa-heads).")
+        if contenders.tree != "auto":
+            depth = getattr(contenders.medusa_heads, "num_heads", None) if contenders.tree is None else None
+            paths = [path for path in resolve_tree(contenders.tree) if depth is None or len(path) <= depth]
+            nodes["medusa"] = build_tree_buffers(paths).num_nodes
+    return nodes
 
 
 def items(value, convert=str) -> list:
@@ -246,24 +263,38 @@ def main(args) -> int:
     return 0 if all(r["other_differences"] == 0 for r in rows) else 1  # a difference that is no near-tie: a bug
 
 
+def synthetic_contenders(spec: str, device: str, dtype: torch.dtype, modes: list[str]) -> Contenders:
+    """``--synthetic TARGET:DRAFT``'s models, random and built on ``device``: the target (decisive: see
+    ``hf_spec.bench.synthetic``), and what ``modes`` need of the draft, a random EAGLE-3 draft and random Medusa
+    heads."""
+    from .synthetic import random_model
+    from .synthetic_trees import random_eagle_draft, random_medusa_heads
+
+    target_shape, draft_shape = spec.split(":")
+    target = random_model(target_shape, device, dtype, decisive=True)
+    draft = random_model(draft_shape, device, dtype, seed=1) if "draft" in modes else None
+    heads = random_medusa_heads(target) if "medusa" in modes else None
+    eagle = random_eagle_draft(target) if "eagle" in modes else None
+    return Contenders(target, draft, heads, eagle_model=eagle)
+
+
+def random_prompts(count: int, length: int, vocab: int, device: str, seed: int = 0) -> tuple[list, list[dict]]:
+    """``count`` prompts of ``length`` random token ids: (Prompt records, model inputs on ``device``)."""
+    from ..prompts import Prompt
+
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [Prompt(f"random-{i}", "random", "") for i in range(count)]
+    encoded = [{"input_ids": torch.randint(vocab, (1, length), generator=generator).to(device)} for _ in range(count)]
+    return prompts, encoded
+
+
 def synthetic_main(args) -> int:
     """Random weights at named shapes on ``--device``, random prompts, acceptance set by ``--alpha``."""
-    from ..prompts import Prompt
-    from .synthetic import random_model
-
-    target_shape, draft_shape = args.synthetic.split(":")
-    dtype = getattr(torch, args.dtype)
-    target = random_model(target_shape, args.device, dtype)
-    draft = random_model(draft_shape, args.device, dtype, seed=1)
-    vocab = target.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(0)
-    count = args.limit or 4
-    prompts = [Prompt(f"random-{i}", "random", "") for i in range(count)]
-    encoded = [{"input_ids": torch.randint(vocab, (1, args.prompt_length), generator=generator).to(args.device)}
-               for _ in range(count)]
-    alphas = items(args.alpha, float)
-    modes = [m for m in items(args.modes) if m in ("vanilla", "draft")]
-    run_bench(Contenders(target, draft), None, prompts=prompts, modes=modes, ks=items(args.k, int),
-              max_new_tokens=args.max_new_tokens, repeats=args.repeats, encoded=encoded, alphas=alphas,
-              json_path=args.json, plot_path=args.plot, warmup=args.warmup)
+    modes = [m for m in items(args.modes) if m in ("vanilla", "draft", "eagle", "medusa")]
+    contenders = synthetic_contenders(args.synthetic, args.device, getattr(torch, args.dtype), modes)
+    vocab = contenders.target.get_output_embeddings().weight.shape[0]
+    prompts, encoded = random_prompts(args.limit or 4, args.prompt_length, vocab, args.device)
+    run_bench(contenders, None, prompts=prompts, modes=modes, ks=items(args.k, int),
+              max_new_tokens=args.max_new_tokens, repeats=args.repeats, encoded=encoded,
+              alphas=items(args.alpha, float), json_path=args.json, plot_path=args.plot, warmup=args.warmup)
     return 0
