@@ -164,7 +164,7 @@ def bench(contenders, prompts, encoded, modes: list[str], settings: Settings) ->
         path = os.path.join(folder, "bench.json")
         ks = list(settings.ks) if "draft" in modes else []  # no chain widths to calibrate for the trees
         run_bench(contenders, None, prompts=prompts, modes=modes, ks=ks, max_new_tokens=settings.new_tokens,
-                  encoded=encoded, alphas=[settings.alpha], json_path=path, progress=False, warmup=1)
+                  encoded=encoded, alphas=[settings.alpha], json_path=path, warmup=1)
         with open(path) as f:
             return json.load(f)
 
@@ -243,7 +243,7 @@ def trees_memory_plan(contenders, settings: Settings) -> dict[str, int]:
 
 def seed_pair_verdict(settings: Settings) -> str:
     """The planner's verdict for the step's two shapes on a 24 GB card at 4,096 tokens (the design card's claim)."""
-    from hf_spec.bench import synthetic_configs
+    from hf_spec.commands.bench import synthetic_configs
     from hf_spec.plan import plan
 
     target, draft = synthetic_configs(settings.synthetic)

@@ -121,3 +121,4 @@ def controlled_generate(model, input_ids, logits_processor, stopping_criteria, g
     proposer = ControlledDraftProposer(draft_model, call.padding_mask, reference[0], alpha,
                                        torch.Generator(device=reference.device).manual_seed(seed))
     return speculative_generate(call, proposer, FixedLength(num_speculative_tokens))
+

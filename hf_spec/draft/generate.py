@@ -11,7 +11,7 @@ from ..engine.auto import AutoLength
 from ..engine.call import DecodingCall
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
-from ..engine.schedule import FixedLength, Schedule, StepwiseLength, check_num_speculative_tokens
+from ..engine.schedule import Schedule, SpeculationLength
 from ..lookup.generate import LOOKUP_OPTIONS
 from ..lookup.hybrid import beside_prompt_lookup
 from ..token_map import TokenMap
@@ -19,10 +19,13 @@ from .cross_tokenizer import CrossTokenizerProposer
 from .loading import ResolvedDraft, resolve_draft_and_tokenizers
 from .proposer import DraftModelProposer
 
+LENGTH = SpeculationLength("draft", "draft tokens proposed per step (one chain)", default=5,
+                           named=("auto", "stepwise"))
+
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
              stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
-             draft_model=None, num_speculative_tokens: int | str = 5, draft_quantization=None,
+             draft_model=None, num_speculative_tokens: int | str = LENGTH.default, draft_quantization=None,
              cache_costs: bool = True, token_streamer=None, stop_strings=None, target_tokenizer=None,
              draft_tokenizer=None, revision: str | None = None, token=None, draft_vocab_size: int | None = None,
              prompt_lookup: bool = False, **model_kwargs):
@@ -52,7 +55,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
                            token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, own_options=LOOKUP_OPTIONS if prompt_lookup else (),
                            **model_kwargs)
-    check_num_speculative_tokens(num_speculative_tokens)
+    LENGTH.check(num_speculative_tokens)
     draft = resolve_draft_and_tokenizers(draft_model, model, revision=revision, token=token,
                                          target_tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer,
                                          draft_quantization=draft_quantization)
@@ -92,13 +95,12 @@ def draft_token_map(draft_vocab_size: int | None, draft, input_ids: torch.LongTe
 
 def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = False,
                    cache_costs: bool = True) -> Schedule:
-    """The schedule of k for ``num_speculative_tokens`` (checked by ``check_num_speculative_tokens``): an int
-    >= 1, "stepwise" or "auto" (costs and calibrations kept for this pair unless ``cache_costs=False``)."""
-    if num_speculative_tokens == "auto":
+    """The schedule of k for ``num_speculative_tokens`` (``LENGTH``): an int >= 1, "stepwise" or "auto" (costs and
+    calibrations kept for this pair unless ``cache_costs=False``)."""
+    def auto() -> AutoLength:
         memory = pair_memory(target, draft, cache_costs)
         return AutoLength(memory.costs, memory.calibration_for(do_sample),
                           draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
                           realised=memory.realised_for(do_sample), lengths=memory.answer_lengths)
-    if num_speculative_tokens == "stepwise":
-        return StepwiseLength()
-    return FixedLength(num_speculative_tokens)
+
+    return LENGTH.schedule(num_speculative_tokens, auto)

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
@@ -166,10 +167,21 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
 _LOADED_DRAFTS: dict[tuple, PreTrainedModel] = {}  # the two most recently loaded drafts, reused across calls
 
 
+def files_fingerprint(name: str) -> tuple:
+    """For a local folder, each file's name, size and modification time: a draft rewritten there is loaded anew
+    (a Hub id's files are pinned by ``revision``)."""
+    folder = Path(os.path.expanduser(name))
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns)
+                        for path in folder.iterdir() if path.is_file()))
+
+
 def _load_draft(name: str, device: str, dtype: torch.dtype, revision: str | None, token,
                 quantization: BitsAndBytesConfig | None = None, int8: bool = False) -> PreTrainedModel:
     quantization_key = json.dumps(quantization.to_dict(), sort_keys=True, default=str) if quantization else None
-    key = (name, device, str(dtype), revision, INT8_WEIGHT_ONLY if int8 else quantization_key)
+    key = (name, device, str(dtype), revision, INT8_WEIGHT_ONLY if int8 else quantization_key,
+           files_fingerprint(name))
     if key not in _LOADED_DRAFTS:
         if len(_LOADED_DRAFTS) >= 2:
             _LOADED_DRAFTS.pop(next(iter(_LOADED_DRAFTS)))

@@ -22,8 +22,7 @@ def forward_seconds_by_width(model, context: int, blocks: Mapping[int, TreeBuffe
 
     The widths are timed in rounds that take each of them once, so a drift of the machine's speed (another
     tenant's load, the clock) moves every width alike instead of skewing their ratios, which is what decides
-    whether a tree pays: timed one width after another, a shared 2-core CPU once gave the 1.5B's second token
-    +41% where rounds give +5%."""
+    whether a tree pays (timed one width after another, a drift between bursts reads as a cost of width)."""
     for width, tree in blocks.items():
         if tree is not None and width != tree.num_nodes + 1:
             raise ValueError(f"A tree of {tree.num_nodes} nodes is verified {tree.num_nodes + 1} wide, not {width}.")
