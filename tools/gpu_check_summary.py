@@ -92,12 +92,19 @@ def decoding_lines(records: dict) -> list[str]:
               f"{'equal':>6} {'syncs/step':>10} {'+timer':>6}")
     lines = [header]
     for step, models in BENCH_STEPS.items():
-        entry = records.get(step) or {}
+        entry = records.get(step)
+        if entry is None:
+            lines.append(f"-- {step}: no record (not run, or stopped before the end)")
+            continue
         rows = [row for row in ((entry.get("bench") or {}).get("rows") or []) if row["category"] == "all"]
         syncs = entry.get("syncs") or {}
         settings = entry.get("settings") or {}
-        lines.append(f"-- {step}: {models}, {settings.get('synthetic', '?')}, {settings.get('new_tokens', '?')} new "
-                     f"tokens, alpha {settings.get('alpha', '?')}" + ("" if rows else ": NO BENCH ROWS"))
+        if not rows:
+            skipped = not (entry.get("four_bit") or {"checked": True})["checked"]
+            lines.append(f"-- {step}: " + ("not checked (see 4-bit draft below)" if skipped else "NO BENCH ROWS"))
+            continue
+        lines.append(f"-- {step}: {models}, {settings['synthetic']}, {settings['new_tokens']} new tokens, "
+                     f"alpha {settings['alpha']}")
         for row in rows:
             count = syncs.get(row["mode"]) or {}
             lines.append(
