@@ -31,7 +31,8 @@ def commands() -> list[str]:
 def step_limits() -> dict[str, int]:
     """Each `step NAME LIMIT ...` line's limit, and the summary's."""
     limits = {m.group(1): int(m.group(2)) for line in commands() if (m := re.match(r"step (\w+) (\d+) ", line))}
-    summary = [int(m.group(1)) for line in commands() if (m := re.match(r"timeout (\d+) .*gpu_check_summary\.py", line))]
+    summary = [int(m.group(1)) for line in commands()
+               if (m := re.match(r"timeout (\d+) .*gpu_check_summary\.py", line))]
     return {**limits, "summary": summary[0]}
 
 

@@ -114,7 +114,8 @@ def test_host_syncs_are_counted_by_line(monkeypatch):
 
 
 def test_sites_are_named_from_their_package():
-    assert site("/usr/lib/python3/site-packages/transformers/generation/utils.py", 7) == "transformers/generation/utils.py:7"
+    assert site("/usr/lib/python3/site-packages/transformers/generation/utils.py", 7) == \
+        "transformers/generation/utils.py:7"
     assert site("/work/repo/hf_spec/engine/loop.py", 12) == "hf_spec/engine/loop.py:12"
     assert site("/tmp/script.py", 3) == "script.py:3"
 

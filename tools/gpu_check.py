@@ -1,10 +1,10 @@
 """The GPU check's steps; tools/gpu_check.sh runs each in its own process, under its own time limit.
 
-    python tools/gpu_check.py STEP [--rehearse] [--out DIR]      STEP: environment, tree-verify, draft, trees, draft_4bit
+    python tools/gpu_check.py STEP [--rehearse] [--out DIR]    (STEP: environment, tree-verify, draft, trees, draft_4bit)
 
 Each step prints its tables (the shell keeps them as $OUT/<step>.txt) and appends one JSON record to
-$OUT/results.jsonl; tools/gpu_check_summary.py reads the records back into one screen. A part of a step that fails (the 4-bit
-draft, the sync count, the memory reading) is reported and the rest goes on; the step then exits 1.
+$OUT/results.jsonl; tools/gpu_check_summary.py reads the records back into one screen. A part of a step that fails
+(the 4-bit draft's load, the sync count, the memory reading) is reported and the rest goes on; the step then exits 1.
 
 On the GPU: Llama-2-7B target and TinyLlama-1.1B draft shapes with random weights, built on the GPU in fp16
 (``hf-spec bench --synthetic``'s models), random prompts, 64 new tokens, acceptance per proposal set to alpha.

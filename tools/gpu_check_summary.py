@@ -148,8 +148,10 @@ def memory_lines(records: dict) -> list[str]:
     for step in BENCH_STEPS:
         row = (records.get(step) or {}).get("memory")
         if row:
-            lines.append(f"{row['what']:<38} {row['planned_gib']:>8.2f} {_cell(row.get('peak_allocated_gib'), '.2f'):>10} "
-                         f"{_cell(row.get('peak_device_gib'), '.2f'):>11} {_cell(row.get('device_over_planned'), '.2f'):>11}")
+            measured = [_cell(row.get(name), ".2f") for name in ("peak_allocated_gib", "peak_device_gib",
+                                                                  "device_over_planned")]
+            lines.append(f"{row['what']:<38} {row['planned_gib']:>8.2f} {measured[0]:>10} {measured[1]:>11} "
+                         f"{measured[2]:>11}")
     verdict = (records.get("draft") or {}).get("planner_24gb")
     return lines + ([verdict] if verdict else [])
 
@@ -174,7 +176,8 @@ def summary(out: Path, status: str, rehearse: bool) -> str:
     lines = [title, machine_line(records.get("environment")), *step_lines(out, parse_status(status)),
              tree_verify_line(records.get("tree_verify")), *decoding_lines(records),
              "noise floor (vanilla-again): " + (", ".join(f"{row['speedup']:.3f}x" for row in noise) or "-"),
-             *sync_site_lines(records), *costs_line(records), *memory_lines(records), four_bit_line(records), *error_lines(records),
+             *sync_site_lines(records), *costs_line(records), *memory_lines(records), four_bit_line(records),
+             *error_lines(records),
              f"files: {', '.join(sorted(path.name for path in out.iterdir() if path.is_file()))}"]
     return "\n".join(lines)
 
