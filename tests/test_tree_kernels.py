@@ -112,10 +112,10 @@ def test_compaction_kernel_equals_reference(moves, shape):
 
 def test_compaction_on_a_cropped_cache_view():
     """Cache layers are often views (cropped along seq): the kernel must follow their strides."""
-    base = torch.randn(1, 2, 30, 8)
+    base = torch.randn(1, 2, 30, 8).to(DEVICE)
     keys, values = base[:, :, :20], base.clone()[:, :, :20]
     expected_keys, expected_values = keys.clone(), values.clone()
-    moves = (torch.tensor([12, 15]), torch.tensor([11, 12]))
+    moves = (torch.tensor([12, 15], device=DEVICE), torch.tensor([11, 12], device=DEVICE))
     compact_layer_torch(expected_keys, expected_values, *moves)
     kernels.compact_layer(keys, values, *moves)
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
