@@ -96,7 +96,7 @@ if wanted draft_4bit; then
 fi
 
 GPU_TESTS=$(grep -lE '^(pytestmark = pytest\.mark\.gpu|\s*@pytest\.mark\.gpu)' tests/test_*.py | tr '\n' ' ')
-# the limits add up to 555 s (595 s with the bitsandbytes install): a 600-s call returns with every file
+# the limits add up to 555 s (595 s with the bitsandbytes install), within the device's 600 s a call
 step environment 20 "$PY" tools/gpu_check.py environment $REHEARSE --out "$OUT"
 # shellcheck disable=SC2086
 step kernel_tests 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider ${PYTEST_SELECT[@]+"${PYTEST_SELECT[@]}"} $GPU_TESTS
