@@ -112,6 +112,14 @@ def input_file(value: str) -> str:
     return str(path)
 
 
+def input_folder(value: str) -> str:
+    """A folder that exists (~ expanded)."""
+    path = Path(os.path.expanduser(value))
+    if not path.is_dir():
+        raise ValueError(f"no such folder (looked on disk at {path.absolute()})")
+    return str(path)
+
+
 def output_file(value: str) -> str:
     """A file to write: it may not exist yet; its folder must, and be writable."""
     path = Path(os.path.expanduser(value))

@@ -109,4 +109,5 @@ TREE_DEPTH = COUNT  # EAGLE's dynamic tree: levels
 TREE_TOP_K = COUNT  # EAGLE's dynamic tree: beam width
 PROMPT_LOOKUP_NUM_TOKENS = COUNT  # transformers' GenerationConfig field: how deep a lookup continuation goes
 MAX_MATCHING_NGRAM_SIZE = COUNT  # transformers' GenerationConfig field: the longest n-gram matched
-DRAFT_VOCAB_SIZE = COUNT  # target ids a draft scores
+DRAFT_VOCAB_SIZE = Range(int, minimum=1, named=("auto",))  # target ids a draft scores (None: all of them)
+TRAINING_WINDOW = Range(int, minimum=3)  # tokens a training sequence of an EAGLE draft holds (it predicts from its third)

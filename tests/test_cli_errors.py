@@ -51,12 +51,14 @@ def nothing_runs(monkeypatch):
         raise AssertionError("a long run started despite bad input")
 
     import hf_spec.demo
+    import hf_spec.training.eagle
     import hf_spec.training.medusa
 
     monkeypatch.setattr(hf_spec.commands.bench, "run", refuse)
     monkeypatch.setattr(hf_spec.demo, "run_demo", refuse)
     monkeypatch.setattr(hf_spec.training.medusa, "train_medusa", refuse)
     monkeypatch.setattr(hf_spec.training.medusa, "evaluate_medusa", refuse)
+    monkeypatch.setattr(hf_spec.training.eagle, "train_eagle", refuse)
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -329,3 +331,26 @@ def test_plot_without_matplotlib_is_refused_before_the_benchmark(tmp_path, capsy
         main(["bench", "--synthetic", "tiny:tiny", "--plot", str(tmp_path / "x.png")])
     assert excinfo.value.code == 2
     assert "--plot needs matplotlib" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+EAGLE = ["train-eagle", "--model", "{tmp}/model", "--output", "{tmp}/draft"]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([*EAGLE, "--data", "{tmp}/no-such.jsonl"], "--data: Data source"),
+    ([*EAGLE, "--data", "python:nowhere"], "neither a file, a folder nor a built-in source"),
+    ([*EAGLE, "--data", "{tmp}/file.txt:0"], "--data: Data source"),
+    ([*EAGLE, "--max-length", "2"], "--max-length: must be an integer >= 3"),
+    ([*EAGLE, "--first-milestone", "-1"], "--first-milestone: must be an integer >= 0"),
+    ([*EAGLE, "--max-tokens", "0"], "--max-tokens: must be an integer >= 1"),
+    ([*EAGLE, "--questions", "{tmp}/none.jsonl"], "--questions"),
+])
+def test_train_eagle_bad_input(argv, expected, saved, capsys, nothing_runs):
+    run_bad(argv, saved, capsys, expected)
+
+
+def test_evaluate_eagle_needs_the_runs_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        main(["evaluate-eagle", "--model", "org/model", "--output", str(tmp_path / "no-run")])
+    line = error_line(excinfo, capsys, "evaluate-eagle")
+    assert f"--output {tmp_path / 'no-run'}: no such folder" in line

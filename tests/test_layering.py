@@ -18,12 +18,13 @@ NAMED_MODULE = re.compile(r"hf_spec(\.\w+)+(:\w+)?")
 
 LAYERS = [  # top to bottom: (name, module prefixes)
     ("face", ["hf_spec", "hf_spec.registration"]),
-    ("tools", ["hf_spec.__main__", "hf_spec.cli", "hf_spec.commands", "hf_spec.arguments", "hf_spec.demo", "hf_spec.dtypes", "hf_spec.plan", "hf_spec.prompts", "hf_spec.bench",
+    ("tools", ["hf_spec.__main__", "hf_spec.cli", "hf_spec.commands", "hf_spec.arguments", "hf_spec.demo",
+               "hf_spec.dtypes", "hf_spec.plan", "hf_spec.prompts", "hf_spec.conversations", "hf_spec.bench",
                "hf_spec.training"]),
     ("strategies", ["hf_spec.draft", "hf_spec.medusa", "hf_spec.eagle", "hf_spec.lookup", "hf_spec.weights", "hf_spec.token_map"]),
     ("engine", ["hf_spec.engine"]),
     ("verification", ["hf_spec.verify"]),
-    ("settings", ["hf_spec.settings"]),
+    ("settings", ["hf_spec.settings", "hf_spec.resources"]),
     ("testing", ["hf_spec.testing"]),
 ]
 

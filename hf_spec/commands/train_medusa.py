@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from ..training import medusa
 
     dtype = resolve_dtype_option(args, args.model)
-    config = medusa.TrainConfig(**given_fields(args, medusa.TrainConfig), shared_lm_head=not args.own_lm_heads,
-                                bf16=str(dtype) == "torch.bfloat16")
+    config = medusa.TrainConfig(**given_fields(args, medusa.TrainConfig), shared_lm_head=not args.own_lm_heads)
     medusa.train_medusa(args.model, args.output, prompts_path=args.data, config=config, eval_every=args.eval_every,
                         max_new_tokens=args.max_new_tokens, generation_batch_size=args.generation_batch_size,
                         do_sample=args.do_sample, limit=args.limit, samples_per_prompt=args.samples_per_prompt,
