@@ -1,12 +1,16 @@
-"""The Triton tree-verification kernels equal the torch reference (through the Triton interpreter on CPU).
+"""The Triton tree-verification kernels equal the torch reference (through the Triton interpreter on CPU, on the
+GPU where one is present: tools/gpu_check.sh runs the tests marked gpu there).
 
 The interpreter runs program instances one at a time, so it cannot show races between them; the
 compaction kernel is race-free by construction (see hf_spec.verify.triton_kernels).
 """
+import copy
+
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="Triton is not installed")
+pytestmark = pytest.mark.gpu
 # On CPU, conftest.py sets TRITON_INTERPRET=1 before Triton is first imported.
 
 from hf_spec.verify.backends import compact_layer_torch  # noqa: E402
@@ -108,10 +112,10 @@ def test_compaction_kernel_equals_reference(moves, shape):
 
 def test_compaction_on_a_cropped_cache_view():
     """Cache layers are often views (cropped along seq): the kernel must follow their strides."""
-    base = torch.randn(1, 2, 30, 8)
+    base = torch.randn(1, 2, 30, 8).to(DEVICE)
     keys, values = base[:, :, :20], base.clone()[:, :, :20]
     expected_keys, expected_values = keys.clone(), values.clone()
-    moves = (torch.tensor([12, 15]), torch.tensor([11, 12]))
+    moves = (torch.tensor([12, 15], device=DEVICE), torch.tensor([11, 12], device=DEVICE))
     compact_layer_torch(expected_keys, expected_values, *moves)
     kernels.compact_layer(keys, values, *moves)
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
@@ -124,6 +128,8 @@ def test_medusa_end_to_end_with_the_triton_verifier(target, prompt, monkeypatch)
     from hf_spec.medusa.proposer import MedusaProposer
     from hf_spec.testing import oracle_head_logits
 
+    target = copy.deepcopy(target).to(DEVICE)  # on a GPU the kernels need CUDA tensors
+    prompt = {name: tensor.to(DEVICE) for name, tensor in prompt.items()}
     heads = MedusaHeads.for_model(target, num_heads=4)
     expected = target.generate(**prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16)
     monkeypatch.setattr(MedusaProposer, "head_logits", oracle_head_logits(expected[0], [0, 1, 1, 0]))
@@ -155,4 +161,5 @@ def test_micro_benchmark_runs_and_grows_trees():
     assert len(set(tree_of_size(128))) == 128 and build_tree_buffers(tree_of_size(128)).num_nodes == 128
     rows = run(DEVICE, [16], [300], repeats=1, layers=2, cache_shape=(2, 80, 8))
     assert [row["what"] for row in rows] == ["accept greedy", "accept sampling", "compact 2 layers"]
-    assert "speedup" in format_rows(rows)
+    assert all(row["equal"] is True for row in rows)
+    assert "speedup" in format_rows(rows) and "equal" in format_rows(rows)

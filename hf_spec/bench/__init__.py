@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import statistics
 
+import torch
+
 from .calibrate import calibrate
 from .near_tie import Difference
 from .report import format_report, plot, summarize, write_json
-from ..prompts import batch_prompts, encode
+from ..prompts import Prompt, batch_prompts, encode
 from ..engine.trees import build_tree_buffers, resolve_tree
 from ..token_map import TokenMap
 from .run import Contenders, mode_names, run_modes
@@ -36,8 +38,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         generation_kwargs["temperature"] = temperature
     prompt_length = round(statistics.mean(inputs["input_ids"].shape[1] for inputs in encoded))
     costs = None
-    if calibrate_costs and any(name.startswith(("draft@", "parallel@", "medusa")) for name in names):
-        widths = [k + 1 for k in ks] + ([tree_nodes + 1] if tree_nodes else [])
+    if calibrate_costs and any(name.startswith(("draft@", "parallel@", "medusa", "eagle")) for name in names):
+        widths = [k + 1 for k in ks] + [nodes + 1 for nodes in tree_nodes.values()]
         # a parallel draft's forward at k: the k - 1 masks and 1 to k + 1 tokens it lacks (interpolated between)
         parallel = [w for k in ks for w in (k, 2 * k)] if any(n.startswith("parallel@") for n in names) else []
         costs = calibrate(contenders.target, contenders.draft, prompt_length, max_new_tokens, widths,
@@ -68,9 +70,10 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     return rows
 
 
-def check_contenders(contenders: Contenders, names: list[str], batch_size: int) -> int | None:
-    """Refuse modes the models given cannot run (ValueError); the Medusa tree's node count (None: "auto" or no
-    medusa mode)."""
+def check_contenders(contenders: Contenders, names: list[str], batch_size: int) -> dict[str, int]:
+    """Refuse modes the models given cannot run (ValueError); the nodes verified per step by each tree mode that
+    verifies a fixed number, by family: "medusa" with a fixed tree, "eagle" with a number of nodes (an
+    acceptance-controlled eagle~alpha row always)."""
     if batch_size > 1 and any(n.startswith("assisted@") for n in names):
         raise ValueError("transformers' assisted generation takes one row at a time: drop the assisted mode "
                          "for --batch-size > 1.")
@@ -79,13 +82,24 @@ def check_contenders(contenders: Contenders, names: list[str], batch_size: int) 
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
     if any(n.startswith("draft-full@") for n in names) and contenders.full_draft is None:
         raise ValueError("The draft-full mode needs the draft in full precision (Contenders.full_draft).")
-    if "eagle" in names and contenders.eagle_model is None:
-        raise ValueError("The eagle mode needs an EAGLE draft (--eagle-model).")
-    if "medusa" not in names:
-        return None
-    if contenders.medusa_heads is None:
-        raise ValueError("The medusa mode needs Medusa heads (--medusa-heads).")
-    return None if contenders.tree == "auto" else build_tree_buffers(resolve_tree(contenders.tree)).num_nodes
+    nodes = {}
+    if any(n.startswith("eagle") for n in names):
+        if contenders.eagle_model is None:
+            raise ValueError("The eagle mode needs an EAGLE draft (--eagle-model).")
+        from .synthetic_trees import EAGLE_NODES
+
+        if isinstance(contenders.eagle_nodes, int):
+            nodes["eagle"] = contenders.eagle_nodes
+        elif any(n.startswith("eagle~") for n in names):
+            nodes["eagle"] = EAGLE_NODES
+    if any(n.startswith("medusa") for n in names):
+        if contenders.medusa_heads is None:
+            raise ValueError("The medusa mode needs Medusa heads (--medusa-heads).")
+        if contenders.tree != "auto":  # the default tree is cut to the heads' depth, a tree given is not
+            depth = getattr(contenders.medusa_heads, "num_heads", None) if contenders.tree is None else None
+            paths = [path for path in resolve_tree(contenders.tree) if depth is None or len(path) <= depth]
+            nodes["medusa"] = build_tree_buffers(paths).num_nodes
+    return nodes
 
 
 def draft_head(contenders: Contenders):
@@ -103,3 +117,26 @@ def report(rows: list[dict], runs, costs, print_fn=print) -> None:
         for difference in run.differences:
             print_fn(f"differs from vanilla: {run.mode} on {run.question_id} ({run.category}), "
                      f"{Difference(**difference).describe()}")
+
+
+def synthetic_contenders(spec: str, device: str, dtype: torch.dtype, modes: list[str]) -> Contenders:
+    """``hf-spec bench --synthetic TARGET:DRAFT``'s models, random and built on ``device``: the target (decisive),
+    and what ``modes`` need of the draft, a random EAGLE-3 draft and random Medusa heads (``synthetic_trees``)."""
+    from .synthetic import random_model
+    from .synthetic_trees import random_eagle_draft, random_medusa_heads
+
+    target_shape, draft_shape = spec.split(":")
+    target = random_model(target_shape, device, dtype, decisive=True)
+    draft = random_model(draft_shape, device, dtype, seed=1) if "draft" in modes else None
+    heads = random_medusa_heads(target) if "medusa" in modes else None
+    eagle = random_eagle_draft(target) if "eagle" in modes else None
+    return Contenders(target, draft, heads, eagle_model=eagle)
+
+
+def random_prompts(count: int, length: int, vocab: int, device: str, seed: int = 0,
+                   ) -> tuple[list[Prompt], list[dict]]:
+    """``count`` prompts of ``length`` random token ids: (Prompt records, model inputs on ``device``)."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [Prompt(f"random-{i}", "random", "") for i in range(count)]
+    encoded = [{"input_ids": torch.randint(vocab, (1, length), generator=generator).to(device)} for _ in range(count)]
+    return prompts, encoded

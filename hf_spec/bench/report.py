@@ -10,8 +10,10 @@ from ..engine.costs import FORMULA, PARALLEL_FORMULA, TREE_FORMULA, Costs, predi
 from .run import Run
 
 
-def summarize(runs: list[Run], costs: Costs | None, new_tokens: int, tree_nodes: int | None = None) -> list[dict]:
-    """One row per mode (and per category with ``by_category``): tokens/s over all its runs, ratios to vanilla."""
+def summarize(runs: list[Run], costs: Costs | None, new_tokens: int, tree_nodes: dict[str, int] | None = None,
+              ) -> list[dict]:
+    """One row per mode (and per category with ``by_category``): tokens/s over all its runs, ratios to vanilla.
+    ``tree_nodes``: the nodes a fixed tree verifies per step, by mode family ("medusa", "eagle"), for predictions."""
     rows = []
     modes = list(dict.fromkeys(run.mode for run in runs))
     vanilla_tps = _tokens_per_second([r for r in runs if r.mode == "vanilla"])
@@ -49,12 +51,7 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
         total, prefill = sum(s["total_s"] for s in stats), sum(s["prefill_s"] for s in stats)
         survival = _survival(stats)
         tokens_per_step = sum(s["accepted"] + s["bonus"] for s in stats) / sum(s["steps"] for s in stats)
-        if costs is None or not mode.startswith(("draft@", "parallel@", "medusa")):  # fixed k or tree only; the
-            predicted = None  # calibration times the full-precision draft
-        elif mode == "medusa":
-            predicted = tree_nodes and predicted_tree_speedup(costs, tokens_per_step, tree_nodes, new_tokens)
-        else:
-            predicted = predicted_speedup(costs, survival, new_tokens, parallel=mode.startswith("parallel@"))
+        predicted = _predicted(mode, costs, stats, survival, tokens_per_step, new_tokens, tree_nodes or {})
         row.update(
             acceptance_rate=accepted / proposed if proposed else 0.0,
             tokens_per_step=tokens_per_step,
@@ -65,6 +62,22 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
             predicted_speedup=predicted,
         )
     return row
+
+
+def _predicted(mode, costs, stats, survival, tokens_per_step, new_tokens, tree_nodes: dict[str, int]) -> float | None:
+    """The cost model's speedup for a fixed k (draft@k; parallel@k, one draft forward a step) or a fixed tree (medusa,
+    eagle: the proposer's measured time per step is its H); None for the rest (the calibration times the draft modes'
+    draft, not the full-precision one of draft-full@k)."""
+    if costs is None or not mode.startswith(("draft@", "parallel@", "medusa", "eagle")):
+        return None
+    if mode.startswith(("draft@", "parallel@")):
+        return predicted_speedup(costs, survival, new_tokens, parallel=mode.startswith("parallel@"))
+    nodes = tree_nodes.get(mode.split("~")[0])
+    steps = sum(s["steps"] for s in stats)
+    if not nodes or not steps:
+        return None
+    propose_step = sum(s.get("propose_s", 0.0) for s in stats) / steps
+    return predicted_tree_speedup(costs, tokens_per_step, nodes, new_tokens, propose_step)
 
 
 def _survival(stats: list[dict]) -> list[float]:
@@ -112,7 +125,7 @@ def format_report(rows: list[dict], costs: Costs | None) -> str:
     for row in rows:
         histogram = row.get("k_histogram") if row["category"] == "all" else None
         if histogram and (row["mode"].startswith(("auto", "stepwise")) or len(histogram) > 1):
-            chosen = "tree nodes" if row["mode"] == "medusa" else "k"
+            chosen = "tree nodes" if row["mode"].startswith(("medusa", "eagle")) else "k"
             parts.append(f"{row['mode']}: {chosen} chosen per step {histogram}")
     noise = next((r for r in rows if r["mode"] == "vanilla-again" and r["category"] == "all"), None)
     if noise:
@@ -120,7 +133,7 @@ def format_report(rows: list[dict], costs: Costs | None) -> str:
                      f"(median per prompt {noise['median_prompt_speedup']:.3f}x)")
     if costs:
         parts.append(FORMULA)
-        if any(r["mode"] == "medusa" for r in rows):
+        if any(r["mode"].startswith(("medusa", "eagle")) and r.get("predicted_speedup") for r in rows):
             parts.append(TREE_FORMULA)
         if any(r["mode"].startswith("parallel@") for r in rows):
             parts.append(PARALLEL_FORMULA)

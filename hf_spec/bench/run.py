@@ -56,14 +56,16 @@ class Run:
 
 
 def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None) -> list[str]:
-    """e.g. (["vanilla", "draft"], [3]) -> vanilla, vanilla-again, draft@3; with alphas [0.8] the draft's
-    acceptance is controlled (synthetic bench): draft@3~0.8."""
+    """e.g. (["vanilla", "draft"], [3]) -> vanilla, vanilla-again, draft@3; with alphas [0.8] the proposals'
+    acceptance is controlled (synthetic bench): draft@3~0.8, eagle~0.8, medusa~0.8."""
     names = []
     for mode in modes:
         if mode == "vanilla":
             names += ["vanilla", "vanilla-again"]
         elif mode == "draft" and alphas:
             names += [f"draft@{k}~{alpha}" for alpha in alphas for k in ks]
+        elif mode in ("eagle", "medusa") and alphas:
+            names += [f"{mode}~{alpha}" for alpha in alphas]
         elif mode in ("assisted", "draft", "draft-full", "parallel", "draft+lookup"):
             names += [f"{mode}@{k}" for k in ks]
         elif mode in ("medusa", "eagle", "auto", "stepwise", "hf-lookup", "lookup"):
@@ -87,11 +89,7 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     if keep_scores:
         kwargs.update(output_scores=True, return_dict_in_generate=True)
     if "~" in mode:
-        from .synthetic import controlled_generate
-
-        k, alpha = mode.removeprefix("draft@").split("~")
-        kwargs.update(custom_generate=controlled_generate, draft_model=contenders.draft, num_speculative_tokens=int(k),
-                      reference=reference, alpha=float(alpha))
+        kwargs.update(controlled_kwargs(mode, contenders, reference))
     elif mode.startswith("assisted@"):
         config = contenders.draft.generation_config
         config.num_assistant_tokens = int(mode.split("@")[1])
@@ -126,6 +124,24 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
                                                        "lookup")) \
         else None
     return (out.sequences, seconds, stats, out.scores) if keep_scores else (out, seconds, stats, None)
+
+
+def controlled_kwargs(mode: str, contenders: Contenders, reference: torch.LongTensor) -> dict:
+    """generate() keywords for an acceptance-controlled mode (synthetic bench): draft@3~0.8, eagle~0.8 (``contenders.eagle_nodes`` nodes, when a number), medusa~0.8 (``contenders.tree``)."""
+    from .synthetic import controlled_generate
+    from .synthetic_trees import EAGLE_NODES, controlled_eagle_generate, controlled_medusa_generate
+
+    name, alpha = mode.split("~")
+    kwargs = dict(reference=reference, alpha=float(alpha))
+    if name == "eagle":
+        nodes = contenders.eagle_nodes if isinstance(contenders.eagle_nodes, int) else EAGLE_NODES
+        return dict(kwargs, custom_generate=controlled_eagle_generate, eagle_model=contenders.eagle_model,
+                    num_speculative_tokens=nodes)
+    if name == "medusa":
+        return dict(kwargs, custom_generate=controlled_medusa_generate, medusa_heads=contenders.medusa_heads,
+                    tree=contenders.tree)
+    return dict(kwargs, custom_generate=controlled_generate, draft_model=contenders.draft,
+                num_speculative_tokens=int(name.split("@")[1]))
 
 
 def new_token_count(out: torch.LongTensor, inputs: dict, pad_token_id: int | None) -> int:

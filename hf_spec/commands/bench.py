@@ -18,6 +18,7 @@ from ..prompts import load_prompts
 NAME = "bench"
 HELP = "tokens/s against plain generate() and assisted generation"
 DRAFT_MODES = ("assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft+lookup")
+SYNTHETIC_MODES = ("vanilla", "draft", "eagle", "medusa")  # what --synthetic builds random models for
 
 
 # -- option types ----------------------------------------------------------------------------------------------------
@@ -111,10 +112,12 @@ def eagle_tree_value(text: str):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--modes", type=modes,
-                        help="any of vanilla, assisted, draft, parallel, auto, stepwise, medusa, eagle, hf-lookup, "
-                             "lookup, draft+lookup (vanilla among them; default vanilla,assisted,draft, with "
-                             "--synthetic vanilla,draft); draft@k runs the draft as a chain, parallel@k a parallel "
-                             "draft (pard_token in its config) proposing k tokens from one forward")
+                        help="any of vanilla, assisted, draft, draft-full, parallel, auto, stepwise, medusa, eagle, "
+                             "hf-lookup, lookup, draft+lookup (vanilla among them; default vanilla,assisted,draft; "
+                             "--synthetic runs vanilla,draft (its default), eagle, medusa); draft@k runs the draft as "
+                             "a chain in the form --draft-quantization/--draft-vocab-size set, draft-full@k the same "
+                             "draft in full precision, parallel@k a parallel draft (pard_token in its config) "
+                             "proposing k tokens from one forward")
     parser.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
     parser.add_argument("--questions", action=path_action(input_file),
                         help="prompts jsonl or text file (default: the Spec-Bench questions shipped with hf-spec)")
@@ -191,10 +194,10 @@ def check(args: argparse.Namespace) -> None:
 
 
 def check_synthetic(args: argparse.Namespace) -> None:
-    others = sorted({mode for mode in args.modes if mode not in ("vanilla", "draft")})
+    others = sorted({mode for mode in args.modes if mode not in SYNTHETIC_MODES})
     if others:
-        raise ValueError(f"--synthetic runs the modes vanilla and draft only (random weights, acceptance set by "
-                         f"--alpha); drop {', '.join(others)} from --modes")
+        raise ValueError(f"--synthetic runs the modes {', '.join(SYNTHETIC_MODES)} only (random weights, acceptance "
+                         f"set by --alpha); drop {', '.join(others)} from --modes")
     try:
         torch.device(str(args.device))
     except RuntimeError as error:
@@ -311,21 +314,14 @@ def load_contenders(args: argparse.Namespace):
 
 
 def run_synthetic(args: argparse.Namespace) -> int:
-    """Random weights at named shapes on ``--device``, random prompts, acceptance set by ``--alpha``."""
-    from ..bench import run_bench
-    from ..bench.run import Contenders
-    from ..bench.synthetic import random_model
-    from ..prompts import Prompt
+    """Random weights at named shapes on ``--device``, random prompts, acceptance set by ``--alpha`` (the eagle and
+    medusa modes: a random EAGLE-3 draft and random Medusa heads, ``hf_spec.bench.synthetic_trees``)."""
+    from ..bench import random_prompts, run_bench, synthetic_contenders
 
-    target_shape, draft_shape = args.synthetic.split(":")
-    target = random_model(target_shape, args.device, args.dtype)
-    draft = random_model(draft_shape, args.device, args.dtype, seed=1)
-    vocab = target.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(0)
-    count = args.limit or 4
-    prompts = [Prompt(f"random-{i}", "random", "") for i in range(count)]
-    encoded = [{"input_ids": torch.randint(vocab, (1, args.prompt_length), generator=generator).to(args.device)}
-               for _ in range(count)]
-    run_bench(Contenders(target, draft), None, prompts=prompts, modes=args.modes, ks=args.k, max_new_tokens=args.max_new_tokens, repeats=args.repeats, encoded=encoded, alphas=args.alpha,
-              json_path=args.json, plot_path=args.plot, warmup=args.warmup)
+    contenders = synthetic_contenders(args.synthetic, args.device, args.dtype, args.modes)
+    vocab = contenders.target.get_output_embeddings().weight.shape[0]
+    prompts, encoded = random_prompts(args.limit or 4, args.prompt_length, vocab, args.device)
+    run_bench(contenders, None, prompts=prompts, modes=args.modes, ks=args.k, max_new_tokens=args.max_new_tokens,
+              repeats=args.repeats, encoded=encoded, alphas=args.alpha, json_path=args.json, plot_path=args.plot,
+              warmup=args.warmup)
     return 0

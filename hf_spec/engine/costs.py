@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-TREE_FORMULA = "tree: predicted speedup = (P_t + (N-1) c_t(1)) / (P_t + N/E * c_t(n+1)), E measured tokens/step"
+TREE_FORMULA = ("tree: predicted speedup = (P_t + (N-1) c_t(1)) / (P_t + N/E * (H + c_t(n+1))), E measured "
+                "tokens/step, H measured proposing time per step")
 FORMULA = ("predicted speedup = (P_t + (N-1) c_t(1)) / (P_t + P_d + N/E(k) * (D(k) + c_t(k+1))), "
            "E(k) = 1 + s_1 + ... + s_k, D(k) = (k-1) c_d(1) + (1-s_k) c_d(1) + s_k c_d(2)")
 PARALLEL_FORMULA = "parallel draft: the same with D(k) = c_d(round(E(k)) + k - 1), one forward of the draft a step"
@@ -134,9 +135,13 @@ def predicted_speedup(costs: Costs, survival: list[float], new_tokens: int, para
     return plain / speculative
 
 
-def predicted_tree_speedup(costs: Costs, tokens_per_step: float, num_nodes: int, new_tokens: int) -> float:
+def predicted_tree_speedup(costs: Costs, tokens_per_step: float, num_nodes: int, new_tokens: int,
+                           propose_step: float = 0.0) -> float:
+    """A tree of ``num_nodes`` nodes per step from a proposer that takes ``propose_step`` seconds a step (H: Medusa's
+    heads, an EAGLE draft's tree; 0 leaves it out) and yields ``tokens_per_step``."""
     plain = costs.target_prefill + (new_tokens - 1) * costs.verify[1]
-    speculative = costs.target_prefill + new_tokens / tokens_per_step * costs.verify[num_nodes + 1]
+    step = propose_step + costs.verify_cost(num_nodes + 1)
+    speculative = costs.target_prefill + new_tokens / tokens_per_step * step
     return plain / speculative
 
 
