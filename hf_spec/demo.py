@@ -52,7 +52,7 @@ def check_model_choice(target: str | None, draft: str | None, medusa_heads: str 
                          "--eagle-model")
 
 
-def load_models(target: str | None, draft: str | None, medusa_heads: str | None, dtype: str,
+def load_models(target: str | None, draft: str | None, medusa_heads: str | None, dtype: torch.dtype,
                 eagle_model: str | None = None) -> DemoModels:
     check_model_choice(target, draft, medusa_heads, eagle_model)
     if target is None:
@@ -61,18 +61,21 @@ def load_models(target: str | None, draft: str | None, medusa_heads: str | None,
                           "copy as draft, untrained Medusa heads and EAGLE draft (they are rarely right)",
                           draft=perturbed_draft(tiny, noise=0.1), medusa_heads=MedusaHeads.for_model(tiny, 4),
                           eagle_model=untrained_eagle_draft(tiny))
-    torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(target)
-    target_model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype).eval()
-    draft_model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch_dtype).eval() if draft else None
+    target_model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).eval()
+    draft_model = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).eval() if draft else None
     heads = load_medusa_heads(medusa_heads, base_model=target_model) if medusa_heads else None
     eagle = load_eagle_draft(eagle_model, target=target_model) if eagle_model else None
-    return DemoModels(target_model, tokenizer, f"target {target}, draft {draft}, Medusa heads {medusa_heads}, EAGLE "
-                      f"draft {eagle_model} ({dtype})", draft=draft_model, medusa_heads=heads, eagle_model=eagle)
+    description = (f"target {target}, draft {draft}, Medusa heads {medusa_heads}, EAGLE draft {eagle_model} "
+                   f"({str(dtype).removeprefix('torch.')})")
+    return DemoModels(target_model, tokenizer, description, draft=draft_model, medusa_heads=heads, eagle_model=eagle)
 
 
 def run_demo(target=None, draft=None, prompt=DEFAULT_PROMPT, max_new_tokens=64, num_speculative_tokens=4,
-             dtype="float32", medusa_heads=None, tree="tree_8", print_fn=print, eagle_model=None) -> dict:
+             dtype: torch.dtype = torch.float32, medusa_heads=None, tree="tree_8", print_fn=print,
+             eagle_model=None) -> dict:
+    """Plain greedy generate() against each strategy the models allow; ``num_speculative_tokens`` goes to every
+    strategy that takes it (the draft's chain length, the EAGLE tree's nodes per step)."""
     models = load_models(target, draft, medusa_heads, dtype, eagle_model)
     inputs = encode(models.tokenizer, prompt)
     prompt_len = inputs["input_ids"].shape[1]
@@ -84,7 +87,8 @@ def run_demo(target=None, draft=None, prompt=DEFAULT_PROMPT, max_new_tokens=64, 
     if models.medusa_heads is not None:
         runs["medusa"] = dict(strategy="medusa", medusa_heads=models.medusa_heads, tree=tree)
     if models.eagle_model is not None:
-        runs["eagle"] = dict(strategy="eagle", eagle_model=models.eagle_model, num_speculative_tokens=8)
+        runs["eagle"] = dict(strategy="eagle", eagle_model=models.eagle_model,
+                             num_speculative_tokens=num_speculative_tokens)
     results, reference = {}, None
     for name, kwargs in runs.items():
         start = time.perf_counter()

@@ -3,8 +3,8 @@
 "auto" is the checkpoint's own dtype (``config.json``), except that bfloat16 and float16 checkpoints run in float32
 on a CPU without native bfloat16 (neither ``avx512_bf16`` nor ``amx_bf16``): there a bf16 matmul is emulated and
 slower than fp32. Models built in code (the demo's tiny ones, the bench's random shapes) have no checkpoint dtype
-and run in float32. On such a CPU the measured costs differ in kind, not only in size: in bf16 verifying 8 tokens
-costs about one step (speculation can pay), in fp32 two tokens cost twice one.
+and run in float32. The costs differ in kind, not only in size: where bf16 is native, verifying several tokens
+costs about one step (speculation can pay); in fp32 on a CPU two tokens cost about twice one.
 """
 from __future__ import annotations
 

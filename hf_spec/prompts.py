@@ -1,19 +1,21 @@
-"""Prompts for the bench, the demo and training: read, selected, encoded, batched. One reader for all.
+"""Prompts for the bench, the demo and training: read, selected, encoded, batched.
 
-A prompts file is a jsonl in Spec-Bench's format (``question_id``, ``category``, ``turns``: the first turn is
-the prompt), a jsonl with a ``text`` or ``prompt`` field, or a text file (one prompt a line). The Spec-Bench
+A prompt is a conversation's first user turn, read by the one reader of every prompt and conversation file
+(``hf_spec.conversations``): a jsonl in Spec-Bench's format (``question_id``, ``category``, ``turns``: the first
+turn is the prompt), ShareGPT's or OpenAI's, a jsonl with a ``text`` or ``prompt`` field, a .json array of such
+records, or a text file (one prompt a line); each record read exactly or refused by file and line. The Spec-Bench
 questions ship with the package (``hf_spec/data/spec_bench_questions.jsonl``: 480 questions in 13 categories,
 Apache-2.0) and are the default everywhere.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SPEC_BENCH_QUESTIONS = Path(__file__).resolve().parent / "data" / "spec_bench_questions.jsonl"
+from .conversations import Conversation, read_conversations
+from .resources import SPEC_BENCH_QUESTIONS
 
 
 @dataclass(frozen=True)
@@ -24,22 +26,43 @@ class Prompt:
 
 
 def load_prompts(path: str | Path | None = None, per_category: int | None = None,
-                 limit: int | None = None, categories: dict[str, int] | None = None) -> list[Prompt]:
-    """The prompts of ``path`` (default: the Spec-Bench questions), in file order; with ``per_category`` the
-    first N of each category; with ``categories`` ({category: N}) the first N of those categories (the others
-    keep ``per_category``'s, or are left out without it); at most ``limit``."""
+                 limit: int | None = None, categories: dict[str, int] | None = None,
+                 skip_bad_records: bool = False, print_fn=print) -> list[Prompt]:
+    """The prompts of ``path`` (default: the Spec-Bench questions), in file order: each conversation's first
+    user turn, read by ``hf_spec.conversations.read_conversations`` (a bad record is refused by file and line, or
+    with ``skip_bad_records`` skipped, and the count printed with ``print_fn``); see ``select_prompts`` for
+    ``per_category``, ``categories`` and ``limit``."""
     path = Path(path) if path else SPEC_BENCH_QUESTIONS
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder: a folder's files are training documents (plain text), not prompts. "
+                         "Pass a prompts file.")
     if not path.is_file():
-        raise FileNotFoundError(f"No prompts file at {path}: pass a jsonl (Spec-Bench format, or a 'text' or "
-                                "'prompt' field a line) or a text file with one prompt a line.")
-    prompts = [_prompt(path, i, line) for i, line in enumerate(path.read_text().splitlines()) if line.strip()]
+        raise FileNotFoundError(f"No prompts file at {path}: pass a jsonl (Spec-Bench format, ShareGPT, OpenAI "
+                                "messages, or a 'text' or 'prompt' field a line), a .json array of such records, "
+                                "or a text file with one prompt a line.")
+    reading = read_conversations(path, skip_bad_records=skip_bad_records)
+    for line in reading.report():
+        print_fn(f"{path}: {line}")
+    prompts = prompts_of(reading.conversations)
     if not prompts:
         raise ValueError(f"{path} holds no prompts.")
+    return select_prompts(prompts, per_category, limit, categories, path)
+
+
+def prompts_of(conversations: list[Conversation]) -> list[Prompt]:
+    """Each conversation's prompt (its first user turn), by its id and category."""
+    return [Prompt(c.id, c.category, c.prompt) for c in conversations]
+
+
+def select_prompts(prompts: list[Prompt], per_category: int | None = None, limit: int | None = None,
+                   categories: dict[str, int] | None = None, source: str | Path = "the prompts") -> list[Prompt]:
+    """With ``per_category`` the first N of each category; with ``categories`` ({category: N}) the first N of
+    those categories (the others keep ``per_category``'s, or are left out without it); at most ``limit``."""
     if categories:
         unknown = sorted(set(categories) - {prompt.category for prompt in prompts})
         if unknown:
             known = ", ".join(dict.fromkeys(prompt.category for prompt in prompts))
-            raise ValueError(f"No questions of the categories {', '.join(unknown)} in {path}: it has {known}.")
+            raise ValueError(f"No questions of the categories {', '.join(unknown)} in {source}: it has {known}.")
     if per_category is not None or categories:
         wanted = {**{prompt.category: per_category or 0 for prompt in prompts}, **(categories or {})}
         taken: dict[str, int] = {}
@@ -50,16 +73,6 @@ def load_prompts(path: str | Path | None = None, per_category: int | None = None
                 selected.append(prompt)
         prompts = selected
     return prompts[:limit] if limit else prompts
-
-
-def _prompt(path: Path, index: int, line: str) -> Prompt:
-    if path.suffix != ".jsonl":
-        return Prompt(str(index), "text", line)
-    row = json.loads(line)
-    text = row["turns"][0] if "turns" in row else row.get("text", row.get("prompt"))
-    if text is None:
-        raise ValueError(f"{path}:{index + 1} has none of 'turns', 'text', 'prompt'.")
-    return Prompt(str(row.get("question_id", index)), str(row.get("category", "text")), text)
 
 
 def encode(tokenizer, text: str) -> dict:

@@ -17,6 +17,8 @@ from safetensors import SafetensorError, safe_open
 
 def not_found(what: str, name: str, error: Exception) -> FileNotFoundError:
     """The error for a name that is neither a folder on disk nor a repo the Hub served, saying where it looked."""
+    if Path(name).expanduser().is_file():
+        return FileNotFoundError(f"{what} {name!r} is a file; pass the folder that holds it (with its config.json).")
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return FileNotFoundError(f"{what} {name!r}: there is no folder {Path(name).expanduser().resolve()} on disk, "
                              f"and as a Hub repo id it could not be fetched ({reason}). Pass an existing folder, "

@@ -1,4 +1,6 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +11,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # The suite is offline: a name that is not a folder fails at once instead of retrying the Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the research scripts in tools/ (outside the package) have tests too
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import hf_spec  # noqa: E402,F401  (registers strategy=)
 from hf_spec.testing import char_tokenizer, contrary_draft, perturbed_draft, tiny_causal_lm

@@ -1,7 +1,7 @@
 """The op-by-op report of where a verified block can differ from one-token decode steps."""
 import torch
 
-from hf_spec.bench.bitwise import compare, format_reports, model_logits_equal, op_reports
+from bitwise_report import compare, format_reports, model_logits_equal, op_reports
 from hf_spec.testing import tiny_causal_lm
 
 

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from hf_spec.cli import build_parser, given_fields, main
+from hf_spec.cli import build_parser, main
+from hf_spec.commands.given import given_fields
 from hf_spec.demo import run_demo
 from hf_spec.training.eagle import EagleTrainConfig
 from hf_spec.training.medusa import TrainConfig

@@ -5,8 +5,10 @@ import argparse
 import pytest
 import torch
 
-import hf_spec.bench
-from hf_spec.cli import build_parser, looks_local, main
+import hf_spec.commands.bench
+import hf_spec.commands.simulate
+from hf_spec.arguments import looks_local
+from hf_spec.cli import build_parser, main
 from hf_spec.testing import tiny_causal_lm
 
 
@@ -49,12 +51,14 @@ def nothing_runs(monkeypatch):
         raise AssertionError("a long run started despite bad input")
 
     import hf_spec.demo
+    import hf_spec.training.eagle
     import hf_spec.training.medusa
 
-    monkeypatch.setattr(hf_spec.bench, "main", refuse)
+    monkeypatch.setattr(hf_spec.commands.bench, "run", refuse)
     monkeypatch.setattr(hf_spec.demo, "run_demo", refuse)
     monkeypatch.setattr(hf_spec.training.medusa, "train_medusa", refuse)
     monkeypatch.setattr(hf_spec.training.medusa, "evaluate_medusa", refuse)
+    monkeypatch.setattr(hf_spec.training.eagle, "train_eagle", refuse)
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -129,13 +133,13 @@ def test_bench_bad_input(argv, expected, saved, capsys, nothing_runs):
     (["bench", "--synthetic", "tiny:tiny", "--device", "warp-drive"], "--device warp-drive"),
 ])
 def test_bench_checks_before_any_model_loads(argv, expected, saved, capsys, monkeypatch):
-    """hf_spec.bench.main's own checks (tree, modes against the models given) run before it loads anything."""
+    """The bench command's own checks (tree, modes against the models given) run before it loads anything."""
     def refuse(*args, **kwargs):
         raise AssertionError("a model loaded despite bad input")
 
-    monkeypatch.setattr(hf_spec.bench.AutoTokenizer, "from_pretrained", refuse)
-    monkeypatch.setattr(hf_spec.bench.AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.setattr(hf_spec.bench, "load_prompts", refuse)
+    monkeypatch.setattr(hf_spec.commands.bench.AutoTokenizer, "from_pretrained", refuse)
+    monkeypatch.setattr(hf_spec.commands.bench.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(hf_spec.commands.bench, "load_prompts", refuse)
     monkeypatch.setattr("hf_spec.bench.synthetic.random_model", refuse)
     run_bad(argv, saved, capsys, expected)
 
@@ -145,7 +149,7 @@ def test_bench_json_to_a_missing_folder_fails_before_the_benchmark(saved, capsys
     def refuse(args):
         raise AssertionError("the benchmark started")
 
-    monkeypatch.setattr(hf_spec.bench, "main", refuse)
+    monkeypatch.setattr(hf_spec.commands.bench, "run", refuse)
     with pytest.raises(SystemExit) as excinfo:
         main(["bench", "--target", str(saved / "model"), "--json", "/nonexistent/dir/x.json"])
     line = error_line(excinfo, capsys, "bench")
@@ -257,28 +261,26 @@ def test_synthetic_fit_check_passes_with_room_and_skips_the_cpu(monkeypatch):
                                       "--dtype", "float16"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * 1024**3, 80 * 1024**3))
-    hf_spec.bench.check_synthetic_fits(args)  # 40 GiB free: fits
+    hf_spec.commands.bench.check_synthetic_fits(args)  # 40 GiB free: fits
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: pytest.fail("asked a CPU for GPU memory"))
-    hf_spec.bench.check_synthetic_fits(argparse.Namespace(**{**vars(args), "device": "cpu"}))
+    hf_spec.commands.bench.check_synthetic_fits(argparse.Namespace(**{**vars(args), "device": "cpu"}))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="no CUDA device"):
-        hf_spec.bench.check_synthetic_fits(args)
+        hf_spec.commands.bench.check_synthetic_fits(args)
 
 
 def test_interrupt_is_one_line_and_130_and_a_bug_keeps_its_traceback(capsys, monkeypatch):
-    import hf_spec.bench.simulate
-
     def interrupted(argv):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(hf_spec.bench.simulate, "main", interrupted)
+    monkeypatch.setattr(hf_spec.commands.simulate, "run", interrupted)
     assert main(["simulate"]) == 130
     assert capsys.readouterr().err.strip() == "hf-spec simulate: interrupted"
 
     def bug(argv):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(hf_spec.bench.simulate, "main", bug)
+    monkeypatch.setattr(hf_spec.commands.simulate, "run", bug)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["simulate"])
 
@@ -312,10 +314,8 @@ def test_options_that_would_be_silently_ignored_are_refused(capsys, argv, messag
 
 
 def test_the_synthetic_bench_defaults_to_its_own_modes(monkeypatch):
-    import hf_spec.bench
-
     seen = {}
-    monkeypatch.setattr(hf_spec.bench, "main", lambda args: seen.setdefault("modes", args.modes) and 0)
+    monkeypatch.setattr(hf_spec.commands.bench, "run", lambda args: seen.setdefault("modes", args.modes) and 0)
     main(["bench", "--synthetic", "tiny:tiny"])
     assert seen["modes"] == ["vanilla", "draft"]
 
@@ -331,3 +331,26 @@ def test_plot_without_matplotlib_is_refused_before_the_benchmark(tmp_path, capsy
         main(["bench", "--synthetic", "tiny:tiny", "--plot", str(tmp_path / "x.png")])
     assert excinfo.value.code == 2
     assert "--plot needs matplotlib" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+EAGLE = ["train-eagle", "--model", "{tmp}/model", "--output", "{tmp}/draft"]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([*EAGLE, "--data", "{tmp}/no-such.jsonl"], "--data: Data source"),
+    ([*EAGLE, "--data", "python:nowhere"], "neither a file, a folder nor a built-in source"),
+    ([*EAGLE, "--data", "{tmp}/file.txt:0"], "--data: Data source"),
+    ([*EAGLE, "--max-length", "2"], "--max-length: must be an integer >= 3"),
+    ([*EAGLE, "--first-milestone", "-1"], "--first-milestone: must be an integer >= 0"),
+    ([*EAGLE, "--max-tokens", "0"], "--max-tokens: must be an integer >= 1"),
+    ([*EAGLE, "--questions", "{tmp}/none.jsonl"], "--questions"),
+])
+def test_train_eagle_bad_input(argv, expected, saved, capsys, nothing_runs):
+    run_bad(argv, saved, capsys, expected)
+
+
+def test_evaluate_eagle_needs_the_runs_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        main(["evaluate-eagle", "--model", "org/model", "--output", str(tmp_path / "no-run")])
+    line = error_line(excinfo, capsys, "evaluate-eagle")
+    assert f"--output {tmp_path / 'no-run'}: no such folder" in line

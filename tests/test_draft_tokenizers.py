@@ -379,7 +379,7 @@ def test_resolve_draft_still_promises_the_target_tokenizer(char_target, chars, m
 
 
 def test_the_text_bridge_benchmark_walks_the_text(chars, multi, tmp_path, capsys):
-    from hf_spec.bench.text_bridge import main, measure
+    from text_bridge_cost import main, measure
 
     ids = chars.encode("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
     result = measure(chars, multi, ids, start=10, k=4)

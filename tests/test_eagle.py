@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 import hf_spec
 from hf_spec.eagle import EagleDraft, load_eagle_draft
-from hf_spec.engine.auto import TreeConfidence
+from hf_spec.eagle.auto import TreeConfidence
 from hf_spec.engine.schedule import FixedLength
 from hf_spec.testing import tiny_causal_lm
 
@@ -310,7 +310,7 @@ def test_plain_steps_run_no_draft_forward_and_the_deferred_catch_up_is_exact(tar
 
     draft = fitted["eagle3"]
     forwards = count_forwards(draft, monkeypatch)
-    monkeypatch.setattr("hf_spec.eagle.generate.FixedLength", EveryFourth)
+    monkeypatch.setattr("hf_spec.engine.schedule.FixedLength", EveryFourth)
     out = eagle(target, prompt, draft, num_speculative_tokens=4, tree_depth=3, tree_top_k=4)
     assert torch.equal(out, plain(target, prompt))
     steps = hf_spec.last_stats().k_per_step

@@ -1,5 +1,6 @@
 """Training EAGLE-3 drafts: the unrolled forward against inference, learning, the vocabulary, saving, exporting,
 resuming, the evaluation, and the recipe end to end."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -7,14 +8,18 @@ import pytest
 import torch
 
 from hf_spec.eagle.loading import load_eagle_draft, save_eagle_draft
-from hf_spec.eagle.proposer import EagleProposer
 from hf_spec.prompts import Prompt
 from hf_spec.testing import tiny_causal_lm
 from hf_spec.token_map import TokenMap
 from hf_spec.training import optimization
-from hf_spec.training.data import IGNORE, Continuation, SelfDistillation, collect_hidden_states, self_distill
-from hf_spec.training.eagle import (Batch, EagleTrainConfig, draft_index, draft_ranks, evaluate_draft, most_frequent_tokens,
-                                    new_eagle_draft, step_losses, train_draft, train_eagle, unrolled)
+from hf_spec.training.data import IGNORE, self_distill
+from hf_spec.training.eagle import EagleTrainConfig, train_eagle
+from hf_spec.training.eagle_draft import (Batch, draft_index, draft_vocabulary, label_mass, new_eagle_draft,
+                                          soft_cross_entropy, step_losses, unrolled)
+from hf_spec.training.eagle_evaluation import draft_ranks
+from hf_spec.training.eagle_stream import DraftTrainer
+from hf_spec.training.labelling import Labelled
+from hf_spec.training.shards import ShardStream
 
 VOCAB = 32
 
@@ -24,14 +29,15 @@ def small_target():
     return tiny_causal_lm("llama", seed=5, vocab_size=VOCAB, hidden_size=32, num_layers=8).requires_grad_(False)
 
 
-def random_continuations(target, count=6, length=12, prompt_length=3, seed=0):
+def random_sequences(target, count=6, length=12, prompt_length=3, seed=0) -> list[Labelled]:
+    """Random tokens and features, labelled by their own tokens after a prompt of ``prompt_length``."""
     generator = torch.Generator().manual_seed(seed)
     features = 3 * target.config.hidden_size
-    return [Continuation(torch.randint(VOCAB, (length,), generator=generator).tolist(), prompt_length,
-                         torch.randn(length - 1, features, generator=generator)) for _ in range(count)]
+    return [Labelled.from_continuation(torch.randint(VOCAB, (length,), generator=generator).tolist(), prompt_length,
+                                       torch.randn(length - 1, features, generator=generator)) for _ in range(count)]
 
 
-def mode_sequences(target, count=64, length=24, seed=0):
+def mode_sequences(target, count=64, length=24, seed=0) -> list[Labelled]:
     """Each token is a fixed function of the previous token and of a mode the hidden states carry (so the
     embedding alone cannot solve it): x[t + 1] = (a_m x[t] + b_m) mod VOCAB, m in {0, 1} per sequence, written into
     the features as +-1 along one direction (plus noise)."""
@@ -47,8 +53,27 @@ def mode_sequences(target, count=64, length=24, seed=0):
             a, b = rules[mode]
             tokens.append((a * tokens[-1] + b) % VOCAB)
         hidden = 0.3 * torch.randn(length - 1, features, generator=generator) + (2 * mode - 1) * direction
-        sequences.append(Continuation(tokens, 2, hidden))
+        sequences.append(Labelled.from_continuation(tokens, 2, hidden))
     return sequences
+
+
+class ListLabeller:
+    """Labels stream position i with ``sequences[i]`` (the stream's conversations are their positions)."""
+
+    def __init__(self, sequences: list[Labelled]):
+        self.sequences = sequences
+
+    def label(self, group, skipped):
+        return [dataclasses.replace(self.sequences[position], conversation=position) for position, _ in group]
+
+
+def train_on(draft, target, sequences, config, folder, **options):
+    """``draft`` trained by ``DraftTrainer`` on ``sequences`` streamed in shards of ``config.shard_tokens``."""
+    stream = ShardStream(folder / "shards", lambda: range(len(sequences)), ListLabeller(sequences),
+                         config.shard_tokens, config.max_length, group_size=2)
+    run = {key: options.pop(key) for key in ("resume", "max_steps") if key in options}
+    trainer = DraftTrainer(draft, target.get_input_embeddings(), stream, config, folder, progress=False, **options)
+    return trainer, trainer.run(**run)
 
 
 def test_the_unrolled_forward_is_what_the_tree_computes_at_inference(small_target):
@@ -57,9 +82,9 @@ def test_the_unrolled_forward_is_what_the_tree_computes_at_inference(small_targe
     for p in draft.parameters():  # a trained-looking draft: not the identity-ish start
         p.data += 0.05 * torch.randn_like(p)
     embedding = small_target.get_input_embeddings()
-    (c,) = random_continuations(small_target, count=1, length=10)
-    tokens = torch.tensor([c.tokens + [0] * 4])
-    features, valid = c.hidden[None], torch.ones(1, 9, dtype=torch.bool)
+    (c,) = random_sequences(small_target, count=1, length=10)
+    tokens = torch.cat([c.tokens, torch.zeros(4, dtype=torch.long)])[None]
+    features, valid = c.features[None], torch.ones(1, 9, dtype=torch.bool)
     with torch.no_grad():
         steps = list(unrolled(draft, embedding, tokens, features, valid, steps=3))
         for j in (0, 4, 6):  # a tree rooted at x[j + 1]: the cache holds entries 0..j
@@ -84,8 +109,8 @@ def test_the_queried_entries_get_what_the_whole_unrolled_forward_gives_them(smal
     for p in draft.parameters():
         p.data += 0.05 * torch.randn_like(p)
     embedding = small_target.get_input_embeddings()
-    data = [Continuation(c.tokens, prompt_length, c.hidden)  # prompts of different lengths: different windows
-            for c, prompt_length in zip(random_continuations(small_target, count=3, length=12), (5, 2, 9))]
+    data = [Labelled.from_continuation(c.tokens.tolist(), prompt_length, c.features)  # prompts of different lengths
+            for c, prompt_length in zip(random_sequences(small_target, count=3, length=12), (5, 2, 9))]
     batch = Batch.of(data, draft_index(draft), 3, draft.device, torch.float32)
     assert batch.queries[0].tolist() == [3, 4, 5, 6, 7, 8, 9, 9, 9, 9] and batch.queried[0].sum() == 7
     with torch.no_grad():
@@ -96,20 +121,34 @@ def test_the_queried_entries_get_what_the_whole_unrolled_forward_gives_them(smal
             count = int(batch.queried[b].sum())
             assert torch.allclose(part[b, :count], full[b, batch.queries[b, :count]], atol=1e-5)
     for step in range(3):  # each query's label is the token step + 2 places after its entry
-        labels = batch.step_labels(step)
-        assert labels[0, :7].tolist() == [data[0].tokens[j + 2 + step] if j + 2 + step < 12 else IGNORE
+        ids, logprobs = batch.step_labels(step)
+        assert ids[0, :7, 0].tolist() == [int(data[0].tokens[j + 2 + step]) if j + 2 + step < 12 else IGNORE
                                           for j in range(3, 10)]
-        assert (labels[~batch.queried] == IGNORE).all()
+        assert (ids[~batch.queried] == IGNORE).all() and (logprobs[ids == IGNORE] == float("-inf")).all()
 
 
-def test_the_loss_falls_by_half_and_steps_one_and_two_learn_a_rule_the_embedding_cannot(small_target):
+def test_the_soft_loss_is_the_cross_entropy_against_the_labels_renormalised_over_the_draft_vocabulary():
+    logits = torch.randn(3, 5)
+    one_hot, _ = soft_cross_entropy(logits, torch.tensor([[1], [4], [0]]), torch.zeros(3, 1))
+    assert torch.allclose(one_hot, torch.nn.functional.cross_entropy(logits, torch.tensor([1, 4, 0])))
+    # row 0: ids 2 and 3 with probabilities 0.3 and 0.1, the third label (0.6) outside the draft vocabulary
+    ids, logprobs = torch.tensor([[IGNORE, 2, 3]]), torch.tensor([[0.6, 0.3, 0.1]]).log()
+    loss, right = soft_cross_entropy(logits[:1], ids, logprobs.masked_fill(ids == IGNORE, float("-inf")))
+    expected = -(0.75 * logits[0].log_softmax(-1)[2] + 0.25 * logits[0].log_softmax(-1)[3])
+    assert torch.allclose(loss, expected) and right == float(logits[0].argmax() == 2)
+
+
+def test_the_loss_falls_by_half_and_steps_one_and_two_learn_a_rule_the_embedding_cannot(small_target, tmp_path):
     data = mode_sequences(small_target)
     torch.manual_seed(0)
     draft = new_eagle_draft(small_target, None)
-    config = EagleTrainConfig(ttt_steps=3, epochs=30, batch_size=8, learning_rate=1e-2, warmup_steps=10)
-    log = train_draft(draft, small_target.get_input_embeddings(), data, config, progress=False)
+    config = EagleTrainConfig(ttt_steps=3, epochs=30, batch_size=8, learning_rate=1e-2, warmup_steps=10,
+                              shard_tokens=400, first_milestone=0)
+    trainer, progress = train_on(draft, small_target, data, config, tmp_path)
+    log = trainer.log
     first, last = sum(e["loss"] for e in log[:5]) / 5, sum(e["loss"] for e in log[-5:]) / 5
     assert last < first / 2
+    assert progress.conversations == 64 and progress.tokens == sum(s.covered_count for s in data)
     held_out = mode_sequences(small_target, count=16, seed=1)
     ranks, ends = draft_ranks(draft, small_target.get_input_embeddings(), held_out, steps=3)
     for step in (0, 1):
@@ -118,11 +157,26 @@ def test_the_loss_falls_by_half_and_steps_one_and_two_learn_a_rule_the_embedding
     assert len(ends) == 16 and int(ends[-1]) == len(ranks) - 1
 
 
-def test_the_draft_vocabulary_is_the_most_frequent_continuation_tokens():
-    data = [Continuation([9, 9, 5, 5, 5, 7, 7, 1], 2, torch.zeros(7, 3))]  # prompt [9, 9] does not count
-    token_map = most_frequent_tokens(data, 3, 12, also=[11])
-    assert token_map.target_ids.tolist() == [1, 5, 7, 11]
-    assert most_frequent_tokens(data, 5, 12).target_ids.tolist() == [0, 1, 2, 5, 7]  # then the lowest ids
+def test_a_milestone_draft_is_saved_once_where_a_step_crosses_several(small_target, tmp_path):
+    data = mode_sequences(small_target, count=12)  # 22 labelled tokens each, 3 a step: 66 tokens a step
+    config = EagleTrainConfig(ttt_steps=2, batch_size=3, shard_tokens=1000, first_milestone=2)
+    train_on(new_eagle_draft(small_target, None), small_target, data, config, tmp_path, max_steps=3)
+    saved = {p.name: json.loads((p / "trained.json").read_text()) for p in (tmp_path / "milestones").iterdir()}
+    assert saved == {"tokens-2": {"tokens": 66, "conversations": 3, "step": 1},  # 2 to 64 crossed at once
+                     "tokens-128": {"tokens": 132, "conversations": 6, "step": 2}}
+
+
+def test_the_draft_vocabulary_is_where_the_targets_probability_lies():
+    tokens = torch.tensor([9, 9, 5, 5, 7, 1])
+    covered = torch.tensor([False, False, True, True, True, True])  # the prompt's labels do not count
+    ids = torch.tensor([[9, 8], [9, 8], [5, 7], [5, 1], [7, 1], [1, 5]], dtype=torch.int32)
+    logprobs = torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.6, 0.4], [0.9, 0.1], [0.8, 0.2], [0.5, 0.5]]).log().half()
+    sequence = Labelled(tokens, covered, torch.zeros(5, 3), ids, logprobs)
+    # mass: 5: 0.6 + 0.9 + 0.5 = 2.0; 7: 0.4 + 0.8 = 1.2; 1: 0.1 + 0.2 + 0.5 = 0.8
+    mass = label_mass([sequence, sequence], 12)
+    assert torch.allclose(mass[[5, 7, 1]], torch.tensor([4.0, 2.4, 1.6], dtype=torch.float64), atol=1e-2)
+    assert draft_vocabulary(mass, 2, also=[11]).target_ids.tolist() == [5, 7, 11]
+    assert draft_vocabulary(mass, 5).target_ids.tolist() == [0, 1, 2, 5, 7]  # then the lowest ids
 
 
 def test_a_new_draft_starts_from_the_targets_output_rows(small_target):
@@ -147,7 +201,7 @@ def test_save_load_and_the_speculators_export_round_trip(small_target, tmp_path)
     keys = set(load_file(str(tmp_path / "speculators" / "model.safetensors")))
     assert {"layers.0.hidden_norm.weight", "embed_tokens.weight", "d2t", "t2d", "fc.weight"} <= keys
     assert not any(k.startswith("midlayer.") for k in keys)
-    c = random_continuations(small_target, count=2)
+    c = random_sequences(small_target, count=2)
     expected = step_losses(draft, small_target.get_input_embeddings(),
                            Batch.of(c, draft_index(draft), 2, draft.device, torch.float32), 2)[0]
     for layout in ("eagle3", "speculators"):
@@ -158,29 +212,6 @@ def test_save_load_and_the_speculators_export_round_trip(small_target, tmp_path)
         assert torch.allclose(torch.stack(got), torch.stack(expected))
     with pytest.raises(ValueError, match="target="):
         save_eagle_draft(draft, tmp_path / "x", layout="speculators")
-
-
-def test_resume_continues_on_the_same_batch_order(small_target, tmp_path):
-    data = random_continuations(small_target, count=10)
-    config = EagleTrainConfig(ttt_steps=2, epochs=2, batch_size=3, checkpoint_every=2)
-
-    def fresh():
-        torch.manual_seed(0)
-        return new_eagle_draft(small_target, None)
-
-    whole = fresh()
-    log = train_draft(whole, small_target.get_input_embeddings(), data, config, tmp_path / "a", progress=False)
-    part = fresh()
-    train_draft(part, small_target.get_input_embeddings(), data, config, tmp_path / "b", max_steps=3, progress=False)
-    resumed = fresh()
-    log2 = train_draft(resumed, small_target.get_input_embeddings(), data, config, tmp_path / "b", resume=True,
-                       progress=False)
-    assert [e["batch"] for e in log2] == [e["batch"] for e in log] and len(log) == 8
-    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
-        assert torch.allclose(a, b, atol=1e-6)
-    with pytest.raises(FileNotFoundError, match="Nothing to resume"):
-        train_draft(fresh(), small_target.get_input_embeddings(), data, config, tmp_path / "c", resume=True,
-                    progress=False)
 
 
 def test_self_distillation_keeps_the_three_layers_at_every_position(tokenizer, small_target):
@@ -230,14 +261,21 @@ def test_train_eagle_end_to_end(tokenizer, tmp_path):
     from tests.test_medusa_train import questions_file
 
     model = tiny_causal_lm("qwen2", seed=0, num_layers=8)
-    data = questions_file(tmp_path, 12)
+    questions = questions_file(tmp_path, 12)
     out = tmp_path / "draft"
-    config = EagleTrainConfig(draft_vocab_size=40, ttt_steps=3, epochs=2, batch_size=4)
-    draft, evaluation = train_eagle(model, out, tokenizer, data, config, max_new_tokens=12, progress=False,
-                                    print_fn=lambda *_: None)
+    config = EagleTrainConfig(draft_vocab_size=40, ttt_steps=3, epochs=2, batch_size=4, shard_tokens=48,
+                              vocab_tokens=48, first_milestone=32)
+    printed = []
+    draft, evaluation = train_eagle(model, out, tokenizer=tokenizer, questions=questions, config=config,
+                                    max_new_tokens=12, progress=False, print_fn=printed.append)
     for name in ("config.json", "model.safetensors", "checkpoint.pt", "evaluation.json", "eval_questions.jsonl",
-                 "cache/train/settings.json"):
+                 "trained.json", "cache/eval/settings.json", "milestones/tokens-32/config.json"):
         assert (out / name).is_file(), name
+    assert not list((out / "shards").glob("shard-*.pt"))  # deleted after the last epoch read them
+    trained = json.loads((out / "trained.json").read_text())
+    assert trained["conversations"] == 10  # the training questions: question_id % 5 != 0, answered by the model
+    assert any(f"Trained on 10 distinct conversations and {trained['tokens']:,} labelled tokens" in line
+               for line in printed)
     assert draft.token_map.size >= 40 and evaluation.chosen_size is not None
     assert 0 <= evaluation.to_dict()["top1"][0] <= 1 and len(evaluation.to_dict()["top1"]) == 3
     prompt = tokenizer("prompt number 5:", return_tensors="pt")
@@ -248,30 +286,6 @@ def test_train_eagle_end_to_end(tokenizer, tmp_path):
         tree = [tuple(p) for p in json.loads((out / "tree.json").read_text())]
         assert torch.equal(model.generate(**prompt, max_new_tokens=10, do_sample=False, strategy="eagle",
                                           eagle_model=str(out), tree=tree), expected)
-
-
-def test_extra_sampled_continuations_add_training_data_and_keep_what_is_cached(tokenizer, tmp_path):
-    from tests.test_medusa_train import questions_file
-
-    model = tiny_causal_lm("qwen2", seed=0, num_layers=8)
-    data = questions_file(tmp_path, 10)
-    out, config = tmp_path / "draft", EagleTrainConfig(draft_vocab_size=40, ttt_steps=2, epochs=1, batch_size=4)
-    shard = lambda split, sample: out / "cache" / split / f"sample-{sample}" / "batch-00000.pt"
-    counts, written = [], []
-    for samples, temperature in ((1, 1.0), (2, 1.0), (2, 0.5)):
-        printed = []
-        train_eagle(model, out, tokenizer, data, config, max_new_tokens=8, samples_per_prompt=samples,
-                    temperature=temperature, progress=False, print_fn=printed.append, measure=False)
-        line = next(line for line in printed if "training tokens in" in line)  # "... in N continuations, ..."
-        counts.append(int(line.split(" continuations")[0].split()[-1]))
-        written.append([shard(split, 0).stat().st_mtime_ns for split in ("train", "eval")]
-                       + [shard("train", 1).stat().st_mtime_ns if samples > 1 else None])
-    assert counts[1] == counts[2] == 2 * counts[0]
-    assert written[0][:2] == written[1][:2] == written[2][:2]  # greedy and held-out continuations made once
-    assert written[2][2] != written[1][2]  # the extra ones again, at the new temperature
-    for bad in ({"samples_per_prompt": 0}, {"samples_per_prompt": 2, "temperature": 0.0}):
-        with pytest.raises(ValueError, match="samples_per_prompt|temperature"):
-            train_eagle(model, tmp_path / "bad", tokenizer, data, config, progress=False, **bad)
 
 
 SPECULATORS_EXPORT = Path(__file__).parent / "data" / "speculators-export"

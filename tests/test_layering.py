@@ -1,25 +1,30 @@
 """The package's layers, read off every import statement (module level and inside functions) with ``ast``.
 
-Top to bottom (docs/design.md): the face, the tools, the strategies, the engine, verification; ``testing``
-imports nothing of the package. A module imports its own layer or lower ones, never a higher one, and no
-chain of imports between modules comes back to where it started. The second test plants an upward import and
+Top to bottom (docs/design.md): the face, the tools, the strategies, the engine, verification, the settings'
+ranges; ``testing`` imports nothing of the package. A module imports its own layer or lower ones, never a higher
+one, and no chain of imports between modules comes back to where it started. A module named in a string (the
+strategies ``registration`` loads by name, "hf_spec.draft:generate") counts as imported. The second test plants an upward import and
 a cycle in a scratch copy and checks that both are reported: the first test can fail.
 """
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "hf_spec"
+NAMED_MODULE = re.compile(r"hf_spec(\.\w+)+(:\w+)?")
 
 LAYERS = [  # top to bottom: (name, module prefixes)
     ("face", ["hf_spec", "hf_spec.registration"]),
-    ("tools", ["hf_spec.__main__", "hf_spec.cli", "hf_spec.demo", "hf_spec.dtypes", "hf_spec.plan", "hf_spec.prompts", "hf_spec.bench",
+    ("tools", ["hf_spec.__main__", "hf_spec.cli", "hf_spec.commands", "hf_spec.arguments", "hf_spec.demo",
+               "hf_spec.dtypes", "hf_spec.plan", "hf_spec.prompts", "hf_spec.conversations", "hf_spec.bench",
                "hf_spec.training"]),
     ("strategies", ["hf_spec.draft", "hf_spec.medusa", "hf_spec.eagle", "hf_spec.lookup", "hf_spec.weights", "hf_spec.token_map"]),
     ("engine", ["hf_spec.engine"]),
     ("verification", ["hf_spec.verify"]),
+    ("settings", ["hf_spec.settings", "hf_spec.resources"]),
     ("testing", ["hf_spec.testing"]),
 ]
 
@@ -51,6 +56,8 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> list[tu
                 source = node.module or ""
             targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
                        for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and NAMED_MODULE.fullmatch(node.value):
+            targets = [node.value.partition(":")[0]]  # e.g. "hf_spec.draft:generate", loaded by name
         else:
             continue
         for target in targets:
@@ -109,6 +116,8 @@ def test_every_module_imports_only_its_layer_or_lower_and_nothing_in_a_circle():
     assert upward_imports(graph) == []
     assert cycles(graph) == []
     assert graph["hf_spec.testing"] == []  # tiny models for tests and the demo: nothing of the package
+    named = {target for target, _ in graph["hf_spec.registration"]}
+    assert {"hf_spec.draft", "hf_spec.medusa.generate", "hf_spec.eagle.generate", "hf_spec.lookup.generate"} <= named
 
 
 def test_an_upward_import_and_a_cycle_are_reported(tmp_path):

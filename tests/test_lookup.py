@@ -10,8 +10,10 @@ from test_sampling_distribution import ALPHA, DRAWS, NEW_TOKENS, SAMPLING, VOCAB
     chi_square_p_value, exact_joint
 
 import hf_spec
-from hf_spec.bench.lookup_replay import first_match, replay
-from hf_spec.engine.auto import AutoLookup, MatchSurvival, PositionSurvival, ProbeCadence
+from lookup_replay import first_match, replay
+from hf_spec.engine.auto import ProbeCadence
+from hf_spec.engine.estimates import PositionSurvival
+from hf_spec.lookup.auto import AutoLookup, MatchSurvival
 from hf_spec.engine.costs import Costs
 from hf_spec.engine.proposer import Proposal
 from hf_spec.lookup.hybrid import LookupAndDraftProposer

@@ -71,7 +71,8 @@ def test_head_zero_learns_a_fixed_successor_function(small_model, successor_data
     torch.manual_seed(0)
     heads = MedusaHeads.for_model(small_model, num_heads=2)
     log = train_heads(heads, successor_data, TrainConfig(num_heads=2, epochs=30, batch_size=64, learning_rate=3e-3,
-                                                         warmup_steps=5, bf16=bf16), progress=False)
+                                                         warmup_steps=5), progress=False,
+                      dtype=torch.bfloat16 if bf16 else torch.float32)
     first, last = log[0]["loss"], sum(e["loss"] for e in log[-5:]) / 5
     assert last < 0.5 * first  # the loss falls
     accuracy = accuracy_from_ranks(target_ranks(heads, successor_data))
@@ -84,7 +85,8 @@ def test_shared_lm_head_loss_falls(small_model, successor_data, bf16):
     heads = MedusaHeads.for_model(small_model, num_heads=2, shared_lm_head=True)
     assert all(not name.endswith(f"{heads.num_layers}.weight") for name in heads.upstream_state_dict())
     log = train_heads(heads, successor_data, TrainConfig(num_heads=2, epochs=10, batch_size=64, learning_rate=3e-3,
-                                                         warmup_steps=5, soft_targets=0.5, bf16=bf16), progress=False)
+                                                         warmup_steps=5, soft_targets=0.5), progress=False,
+                      dtype=torch.bfloat16 if bf16 else torch.float32)
     assert sum(e["loss"] for e in log[-5:]) / 5 < 0.8 * log[0]["loss"]
     assert small_model.get_output_embeddings().weight.grad is None  # the base model stays frozen
     assert heads.base_lm_head is small_model.get_output_embeddings()  # a bf16 run's bfloat16 copy is gone
@@ -269,6 +271,22 @@ def test_self_distillation_keeps_the_hidden_states_a_second_pass_would_compute(t
     assert torch.equal(kept.targets, again.targets) and torch.equal(kept.ends, again.ends)
     assert kept.hidden.shape == again.hidden.shape and kept.hidden.shape[0] > 2 * 8
     assert torch.allclose(kept.hidden, again.hidden, atol=1e-4)
+
+
+def test_heads_trained_on_nothing_are_not_written_and_the_split_is_named(tokenizer, tmp_path):
+    model = tiny_causal_lm("qwen2", seed=0)
+    held_out_only = tmp_path / "held-out.jsonl"
+    held_out_only.write_text("".join(json.dumps({"question_id": i, "turns": [f"q{i}"]}) + "\n" for i in (5, 10)))
+    options = dict(config=TrainConfig(num_heads=2, epochs=1, batch_size=16), max_new_tokens=6, progress=False,
+                   print_fn=lambda *_: None)
+    with pytest.raises(ValueError, match=r"No heads written: no training prompts \(0 training prompts, 2 held out "
+                                         r"\(question_id % 5 == 0\) of the 2 in .*held-out.jsonl\)"):
+        train_medusa(model, tmp_path / "none", tokenizer, held_out_only, **options)
+    with pytest.raises(ValueError, match=r"No heads written: 0 training steps on \d+ training positions \(4 training "
+                                         r"prompts, 1 held out"):
+        train_medusa(model, tmp_path / "zero", tokenizer, questions_file(tmp_path, 5), max_steps=0, **options)
+    for folder in ("none", "zero"):
+        assert not (tmp_path / folder / "config.json").exists()
 
 
 def test_the_recipe_end_to_end(tokenizer, tmp_path):

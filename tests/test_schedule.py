@@ -6,7 +6,8 @@ import torch
 
 import hf_spec
 import hf_spec.engine.stats
-from hf_spec.engine.auto import AnswerLengths, AutoLength, ConfidenceCalibration
+from hf_spec.engine.auto import AutoLength
+from hf_spec.engine.estimates import AnswerLengths, ConfidenceCalibration
 from hf_spec.engine.costs import Costs
 from hf_spec.engine.schedule import StepwiseLength
 
@@ -244,11 +245,11 @@ def test_a_plain_first_step_is_scored_by_the_prefill_and_times_nothing(target, d
 
 
 def test_bad_lengths():
-    from hf_spec.engine.schedule import check_num_speculative_tokens
+    from hf_spec.draft.generate import LENGTH
 
     for bad in (0, -1, "fast", 2.5, True):
         with pytest.raises(ValueError, match="an int >= 1, 'auto' or 'stepwise'"):
-            check_num_speculative_tokens(bad)
+            LENGTH.check(bad)
 
 
 def test_auto_remembers_costs_and_calibration_per_pair_across_calls(target, drafts, prompt):

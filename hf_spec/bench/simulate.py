@@ -1,24 +1,26 @@
 """Does "auto" pick well? A simulation on measured cost curves with acceptance set by hand.
 
-    hf-spec simulate                       # this CPU's curve and a GPU-like flat one, alpha 0.2 / 0.5 / 0.8 / 0.95
+    hf-spec simulate                       # a CPU curve and a GPU-like flat one, alpha 0.2 / 0.5 / 0.8 / 0.95
     hf-spec simulate --seeds 10            # and auto's worst run over 10 seeds (an unlucky start)
 
 Each step proposes k tokens; each is accepted with probability alpha while the previous ones were (i.i.d.);
 the step costs k x draft + V(k + 1) seconds from the curve, plus a catch-up (a tenth of a draft token's cost per
-token: the 0.5B's prefill on this CPU is faster still) when the draft skipped tokens: the prompt, or plain steps. The target's
-confidence is alpha at every token, so "auto" has to learn what that confidence means. The real schedules (``hf_spec.engine.schedule``, ``hf_spec.engine.auto``) decide k
-from what they observe, exactly as in generate(); fixed k = 0..8 are the yardstick. No model runs.
+token, as a draft's prefill is cheaper per token than its steps) when the draft skipped tokens: the prompt, or
+plain steps. The target's confidence is alpha at every token, so "auto" has to learn what that confidence means.
+The real schedules (``hf_spec.engine.schedule``, ``hf_spec.engine.auto``) decide k from what they observe, exactly
+as in generate(); fixed k = 0..8 are the yardstick. No model runs.
 """
 from __future__ import annotations
 
 import random
 
-from ..engine.auto import AutoLength, ConfidenceCalibration
+from ..engine.auto import AutoLength
 from ..engine.costs import Costs
+from ..engine.estimates import ConfidenceCalibration
 from ..engine.schedule import FixedLength, StepwiseLength
 
-# Measured: the CPU curve is the 1.5B target and 0.5B draft on this machine (fp32; hf-spec bench calibration
-# plus GUIDE 6's widths); the GPU curve is a decode step bound by reading weights (verification nearly flat).
+# The CPU curve: a 1.5B target's verification by width and a 0.5B draft's token, timed in fp32 on a 2-core CPU (the
+# bench's calibration); the GPU curve: a decode step bound by reading weights (verification nearly flat).
 CURVES = {
     "cpu": ({1: 0.375, 2: 0.763, 4: 0.767, 6: 0.827, 8: 0.72, 9: 0.75, 16: 0.83}, 0.153),
     "gpu-flat": ({w: 0.020 + 0.0002 * (w - 1) for w in range(1, 17)}, 0.003),
@@ -82,19 +84,3 @@ def format_rows(rows: list[dict], seeds: int = 1) -> str:
                      f"{r['best_fixed']:>7.2f} {r['auto']:>7.2f} {r['auto_vs_best']:>8.1%}{worst} {r['stepwise']:>8.2f}  "
                      f"{r['auto_k_histogram']}")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="hf-spec simulate", description=__doc__.splitlines()[0])
-    parser.add_argument("--curves", default="cpu,gpu-flat")
-    parser.add_argument("--alphas", default="0.2,0.5,0.8,0.95")
-    parser.add_argument("--tokens", type=int, default=2000)
-    parser.add_argument("--seeds", type=int, default=1, help="also auto's worst run over this many seeds (column worst)")
-    args = parser.parse_args(argv)
-    rows = [row for curve in args.curves.split(",")
-            for row in compare(curve, [float(a) for a in args.alphas.split(",")], tokens=args.tokens, seeds=args.seeds)]
-    print("tokens/s (simulated seconds from the measured curves)")
-    print(format_rows(rows, args.seeds))
-    return 0

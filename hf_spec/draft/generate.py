@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
@@ -11,20 +13,25 @@ from ..engine.auto import AutoLength
 from ..engine.call import DecodingCall
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
-from ..engine.schedule import FixedLength, Schedule, StepwiseLength, check_num_speculative_tokens
+from ..engine.schedule import Schedule, SpeculationLength
 from ..lookup.generate import LOOKUP_OPTIONS
 from ..lookup.hybrid import beside_prompt_lookup
+from ..settings import DRAFT_VOCAB_SIZE
 from ..token_map import TokenMap
 from .cross_tokenizer import CrossTokenizerProposer
+from .forms import AUTO, cheaper_vocab_size, is_auto
 from .loading import ResolvedDraft, resolve_draft_and_tokenizers
 from .proposer import DraftModelProposer
+
+LENGTH = SpeculationLength("draft", "draft tokens proposed per step (one chain)", default=5,
+                           named=("auto", "stepwise"))
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
              stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
-             draft_model=None, num_speculative_tokens: int | str = 5, draft_quantization=None,
+             draft_model=None, num_speculative_tokens: int | str = LENGTH.default, draft_quantization=AUTO,
              cache_costs: bool = True, token_streamer=None, stop_strings=None, target_tokenizer=None,
-             draft_tokenizer=None, revision: str | None = None, token=None, draft_vocab_size: int | None = None,
+             draft_tokenizer=None, revision: str | None = None, token=None, draft_vocab_size: int | str | None = AUTO,
              prompt_lookup: bool = False, **model_kwargs):
     """Speculative decoding with a draft model, for ``model.generate(custom_generate=...)``.
 
@@ -35,10 +42,14 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     num_speculative_tokens: k, the draft tokens proposed per verification step: an int >= 1, "stepwise" (start
     at 3, +1 while a step accepts >= 50%, else -1) or "auto" (the k, including 0 = plain decoding, that the
     measured costs and acceptance say is fastest; ``cache_costs=False`` forgets costs measured in earlier calls).
-    draft_quantization: "4bit", "8bit", None or a BitsAndBytesConfig, for a draft given by id or path.
+    draft_quantization: for a draft given by id or path, "auto" (the default: int8 weights where they time faster
+    on this machine, ``hf_spec.draft.forms``), "int8_weight_only", "4bit", "8bit" (bitsandbytes), a
+    BitsAndBytesConfig, or None (as loaded). A model object is used as given.
     draft_vocab_size: the draft scores only this many target ids (its output layer restricted to them), plus the
     end-of-sequence ids and every token of the prompts: cheaper proposals, the same output. The ids are the
-    lowest, which byte-level BPE tokenizers give their most frequent pieces. None: the whole vocabulary.
+    lowest, which byte-level BPE tokenizers give their most frequent pieces. "auto" (the default, for a draft given
+    by id or path): a subset sized by coverage where it times faster here; None: the whole vocabulary. What was
+    chosen, and why, is in the statistics' ``choices``.
     prompt_lookup: prompt lookup beside the draft (``hf_spec.lookup.hybrid``): each step, the continuation of an
     earlier match of each row's last tokens (``prompt_lookup_num_tokens``, default 10, ``max_matching_ngram_size``,
     default 2; with "auto", as many as the lookup's realised acceptance pays for) alone, the draft's proposals
@@ -52,16 +63,37 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
                            token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, own_options=LOOKUP_OPTIONS if prompt_lookup else (),
                            **model_kwargs)
-    check_num_speculative_tokens(num_speculative_tokens)
+    LENGTH.check(num_speculative_tokens)
+    if draft_vocab_size is not None:
+        DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)
     draft = resolve_draft_and_tokenizers(draft_model, model, revision=revision, token=token,
                                          target_tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer,
                                          draft_quantization=draft_quantization)
+    draft_vocab_size, vocabulary = vocab_choice(draft, draft_vocab_size)
     proposer = draft_proposer(draft, call, draft_vocab_size)
     schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs)
     if prompt_lookup:
         proposer, schedule = beside_prompt_lookup(proposer, schedule, call, draft.model, num_speculative_tokens,
                                                   cache_costs)
-    return speculative_generate(call, proposer, schedule)
+    return speculative_generate(call, proposer, schedule, choices={"draft form": f"{draft.weights}; {vocabulary}"})
+
+
+_VOCAB_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> (size, why), once per draft
+
+
+def vocab_choice(draft: ResolvedDraft, requested) -> tuple[int | None, str]:
+    """``draft_vocab_size`` as the proposer takes it (an int or None) and why: "auto" measures, for a draft the
+    package loaded that shares the target's tokenizer (``hf_spec.draft.forms.cheaper_vocab_size``, once per draft);
+    else the whole vocabulary."""
+    if not is_auto(requested):
+        return requested, "the whole vocabulary" if requested is None else f"{requested} ids (as asked)"
+    if draft.tokenizers is not None:
+        return None, "the whole vocabulary (the draft has its own tokenizer)"
+    if not draft.loaded:
+        return None, "the whole vocabulary (a model object is used as given)"
+    if draft.model not in _VOCAB_CHOICES:
+        _VOCAB_CHOICES[draft.model] = cheaper_vocab_size(draft.model, draft.tokenizer)
+    return _VOCAB_CHOICES[draft.model]
 
 
 def draft_proposer(draft: ResolvedDraft, call: DecodingCall, draft_vocab_size: int | None):
@@ -80,8 +112,6 @@ def draft_token_map(draft_vocab_size: int | None, draft, input_ids: torch.LongTe
     """The draft vocabulary for ``draft_vocab_size`` (None when it covers the whole vocabulary)."""
     if draft_vocab_size is None:
         return None
-    if isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int) or draft_vocab_size < 1:
-        raise ValueError(f"draft_vocab_size must be an int >= 1 (e.g. 32000) or None; got {draft_vocab_size!r}.")
     vocab = draft.get_output_embeddings().weight.shape[0]
     if draft_vocab_size >= vocab:
         return None
@@ -92,13 +122,12 @@ def draft_token_map(draft_vocab_size: int | None, draft, input_ids: torch.LongTe
 
 def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = False,
                    cache_costs: bool = True) -> Schedule:
-    """The schedule of k for ``num_speculative_tokens`` (checked by ``check_num_speculative_tokens``): an int
-    >= 1, "stepwise" or "auto" (costs and calibrations kept for this pair unless ``cache_costs=False``)."""
-    if num_speculative_tokens == "auto":
+    """The schedule of k for ``num_speculative_tokens`` (``LENGTH``): an int >= 1, "stepwise" or "auto" (costs and
+    calibrations kept for this pair unless ``cache_costs=False``)."""
+    def auto() -> AutoLength:
         memory = pair_memory(target, draft, cache_costs)
         return AutoLength(memory.costs, memory.calibration_for(do_sample),
                           draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
                           realised=memory.realised_for(do_sample), lengths=memory.answer_lengths)
-    if num_speculative_tokens == "stepwise":
-        return StepwiseLength()
-    return FixedLength(num_speculative_tokens)
+
+    return LENGTH.schedule(num_speculative_tokens, auto)

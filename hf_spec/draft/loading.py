@@ -7,11 +7,13 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
 from ..weights import not_found
+from .forms import AUTO, with_cheaper_weights
 from .int8 import INT8_WEIGHT_ONLY, quantize_int8_weight_only
 from .translation import tokenizers_differ
 
@@ -20,21 +22,25 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ResolvedDraft:
-    """A draft ready for the target: the model and, where its tokenizer differs from the target's, the two
-    tokenizers (the target's, the draft's), through which its proposals go."""
+    """A draft ready for the target: the model, where its tokenizer differs from the target's the two tokenizers
+    (the target's, the draft's) through which its proposals go, the draft's own tokenizer where known, whether the
+    package loaded it (so that "auto" may choose its form), and why its weights are in the form they are."""
 
     model: PreTrainedModel
     tokenizers: tuple | None = None
+    tokenizer: object = None
+    loaded: bool = False
+    weights: str = "weights as given"
 
 
 def resolve_draft(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
                   target_tokenizer=None, draft_tokenizer=None, draft_quantization=None) -> PreTrainedModel:
     """The draft (``load_draft``), checked to share the target's vocabulary."""
-    draft, draft_tokenizer = load_draft(draft_model, target, revision=revision, token=token,
-                                        draft_tokenizer=draft_tokenizer, draft_quantization=draft_quantization)
-    check_same_vocabulary(target, draft, _target_tokenizer(target, target_tokenizer, draft_tokenizer),
-                          draft_tokenizer)
-    return draft
+    draft = load_draft(draft_model, target, revision=revision, token=token, draft_tokenizer=draft_tokenizer,
+                       draft_quantization=draft_quantization)
+    check_same_vocabulary(target, draft.model, _target_tokenizer(target, target_tokenizer, draft.tokenizer),
+                          draft.tokenizer)
+    return draft.model
 
 
 def resolve_draft_and_tokenizers(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
@@ -42,41 +48,43 @@ def resolve_draft_and_tokenizers(draft_model, target: PreTrainedModel, *, revisi
                                  draft_quantization=None) -> ResolvedDraft:
     """The draft (``load_draft``) and, where its tokenizer differs from the target's, both tokenizers
     (``different_tokenizers``)."""
-    draft, draft_tokenizer = load_draft(draft_model, target, revision=revision, token=token,
-                                        draft_tokenizer=draft_tokenizer, draft_quantization=draft_quantization)
-    return ResolvedDraft(draft, different_tokenizers(target, draft, target_tokenizer, draft_tokenizer))
+    draft = load_draft(draft_model, target, revision=revision, token=token, draft_tokenizer=draft_tokenizer,
+                       draft_quantization=draft_quantization)
+    tokenizers = different_tokenizers(target, draft.model, target_tokenizer, draft.tokenizer)
+    return ResolvedDraft(draft.model, tokenizers, draft.tokenizer or target_tokenizer, draft.loaded, draft.weights)
 
 
 def load_draft(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
-               draft_tokenizer=None, draft_quantization=None) -> tuple[PreTrainedModel, object]:
+               draft_tokenizer=None, draft_quantization=None) -> ResolvedDraft:
     """The draft as a model on the target's device, and its tokenizer (the one given; else, for a draft given by
     id or path, the one saved with it; else None).
 
     A Hub id or path is loaded (once per process, then reused) on the target's device in the target's
-    dtype, or quantized with ``draft_quantization``: by bitsandbytes ("4bit": NF4 with double quantization,
-    compute dtype = the target's; "8bit": int8; or a BitsAndBytesConfig), or "int8_weight_only" (CPU: torch's
-    int8 kernel, ``hf_spec.draft.int8``). A model object on another device is moved there; an already-quantized
-    model object is used as it is.
+    dtype, or in the form ``draft_quantization`` asks: "auto" (int8 weights where they time faster here,
+    ``hf_spec.draft.forms``), bitsandbytes ("4bit": NF4 with double quantization, compute dtype = the target's;
+    "8bit": int8; or a BitsAndBytesConfig), or "int8_weight_only" (CPU: torch's int8 kernel, ``hf_spec.draft.int8``).
+    A model object on another device is moved there; it is used as given (``draft_quantization`` "auto" or None).
     """
     if draft_model is None:
         raise ValueError("strategy='draft' needs a draft model: pass draft_model= (a model object, a Hub id or "
                          "a local path), or assistant_model=.")
     if isinstance(draft_model, (str, os.PathLike)):
-        int8 = draft_quantization == INT8_WEIGHT_ONLY
-        quantization = None if int8 else quantization_config(draft_quantization, target)
-        draft = _load_draft(str(draft_model), str(target.device), target.dtype, revision, token, quantization, int8)
+        request = draft_quantization if draft_quantization in (AUTO, INT8_WEIGHT_ONLY) else \
+            quantization_config(draft_quantization, target)
+        draft, weights = _load_draft(str(draft_model), str(target.device), target.dtype, revision, token, request)
         draft_tokenizer = draft_tokenizer or _load_tokenizer(str(draft_model), revision, token)
+        loaded = True
     elif isinstance(draft_model, PreTrainedModel):
-        if draft_quantization is not None:
+        if draft_quantization not in (None, AUTO):
             raise ValueError("draft_quantization applies when the draft is loaded: pass draft_model as a Hub id or "
                              "path, or pass a model you loaded with a quantization_config.")
-        draft = _on_device(draft_model, target.device)
+        draft, weights, loaded = _on_device(draft_model, target.device), "weights as given (a model object)", False
     else:
         raise TypeError(f"draft_model must be a transformers model, a Hub id or a path; "
                         f"got {type(draft_model).__name__}.")
     if draft.config.is_encoder_decoder:
         raise ValueError(f"The draft {type(draft).__name__} is an encoder-decoder model; use a causal LM draft.")
-    return draft, draft_tokenizer
+    return ResolvedDraft(draft, None, draft_tokenizer, loaded, weights)
 
 
 def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None) -> None:
@@ -150,8 +158,8 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
     if draft_quantization is None:
         return None
     if draft_quantization not in ("4bit", "8bit") and not isinstance(draft_quantization, BitsAndBytesConfig):
-        raise ValueError(f"draft_quantization must be '4bit', '8bit', '{INT8_WEIGHT_ONLY}', None or a "
-                         f"BitsAndBytesConfig; got {draft_quantization!r}.")
+        raise ValueError(f"draft_quantization must be '4bit', '8bit', '{INT8_WEIGHT_ONLY}', 'auto' (the default: "
+                         f"what times faster here), None or a BitsAndBytesConfig; got {draft_quantization!r}.")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ValueError("draft_quantization needs bitsandbytes: pip install bitsandbytes (or 'hf-spec[quantization]').")
     if isinstance(draft_quantization, BitsAndBytesConfig):
@@ -163,18 +171,37 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
     return BitsAndBytesConfig(load_in_8bit=True)  # "8bit"
 
 
-_LOADED_DRAFTS: dict[tuple, PreTrainedModel] = {}  # the two most recently loaded drafts, reused across calls
+_LOADED_DRAFTS: dict[tuple, tuple] = {}  # the two most recently loaded drafts (and why their form), reused across calls
+
+
+def files_fingerprint(name: str) -> tuple:
+    """For a local folder, each file's name, size and modification time: a draft rewritten there is loaded anew
+    (a Hub id's files are pinned by ``revision``)."""
+    folder = Path(os.path.expanduser(name))
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns)
+                        for path in folder.iterdir() if path.is_file()))
 
 
 def _load_draft(name: str, device: str, dtype: torch.dtype, revision: str | None, token,
-                quantization: BitsAndBytesConfig | None = None, int8: bool = False) -> PreTrainedModel:
-    quantization_key = json.dumps(quantization.to_dict(), sort_keys=True, default=str) if quantization else None
-    key = (name, device, str(dtype), revision, INT8_WEIGHT_ONLY if int8 else quantization_key)
+                request: BitsAndBytesConfig | str | None = None) -> tuple[PreTrainedModel, str]:
+    """The draft ``name`` in the form ``request`` asks ("auto", "int8_weight_only", a BitsAndBytesConfig or None),
+    and why its weights are in that form."""
+    request_key = json.dumps(request.to_dict(), sort_keys=True, default=str) if isinstance(
+        request, BitsAndBytesConfig) else request
+    key = (name, device, str(dtype), revision, request_key, files_fingerprint(name))
     if key not in _LOADED_DRAFTS:
         if len(_LOADED_DRAFTS) >= 2:
             _LOADED_DRAFTS.pop(next(iter(_LOADED_DRAFTS)))
-        draft = _load_draft_uncached(name, device, dtype, revision, token, quantization)
-        _LOADED_DRAFTS[key] = quantize_int8_weight_only(draft) if int8 else draft
+        bitsandbytes = request if isinstance(request, BitsAndBytesConfig) else None
+        draft = _load_draft_uncached(name, device, dtype, revision, token, bitsandbytes)
+        if request == AUTO:
+            _LOADED_DRAFTS[key] = with_cheaper_weights(draft)
+        elif request == INT8_WEIGHT_ONLY:
+            _LOADED_DRAFTS[key] = quantize_int8_weight_only(draft), "int8 weights (as asked)"
+        else:
+            _LOADED_DRAFTS[key] = draft, "bitsandbytes weights (as asked)" if bitsandbytes else "weights as loaded"
     return _LOADED_DRAFTS[key]
 
 

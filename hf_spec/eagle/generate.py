@@ -6,18 +6,21 @@ import os
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from ..engine.auto import AutoDynamicTree, TreeConfidence
 from ..engine.call import DecodingCall
 from ..engine.memory import pair_memory
 from ..engine.loop import speculative_generate
-from ..engine.schedule import FixedLength
-from ..engine.trees import resolve_tree
+from ..engine.schedule import SpeculationLength
+from ..engine.trees import resolve_tree, validate_tree
+from ..settings import TREE_DEPTH, TREE_TOP_K
 from ..verify import Acceptance, get_verifier
+from .auto import AutoDynamicTree, TreeConfidence
 from .loading import load_eagle_draft
 from .model import EagleDraft
 from .proposer import EagleProposer
 
 AUTO_MAX_NODES = 64  # the most nodes "auto" verifies in a step (SafeAILab/EAGLE's default tree has 60)
+LENGTH = SpeculationLength("eagle", "tree's nodes per step (the dynamic tree's best nodes verified at once)",
+                           default="auto")
 
 
 def resolve_eagle(eagle_model, target, revision=None, token=None) -> EagleDraft:
@@ -49,30 +52,15 @@ def check_fits(draft: EagleDraft, target) -> None:
                          f"{config.num_hidden_layers}.")
 
 
-def static_tree(tree, num_speculative_tokens) -> list[tuple[int, ...]] | None:
+def static_tree(tree) -> list[tuple[int, ...]] | None:
     """None for tree="dynamic"; else the validated paths of a static tree (a name or a list of paths of draft
     ranks, as for Medusa), which sets the node count itself."""
-    if tree == "dynamic":
-        return None
-    if num_speculative_tokens != "auto":
-        raise ValueError("strategy='eagle': a static tree= sets the nodes verified per step; drop "
-                         "num_speculative_tokens=, or use tree='dynamic'.")
-    return resolve_tree(tree)
-
-
-def check_tree_settings(num_speculative_tokens, tree, tree_depth, tree_top_k) -> None:
-    settings = [("tree_depth", tree_depth), ("tree_top_k", tree_top_k)]
-    if num_speculative_tokens != "auto":
-        settings.append(("num_speculative_tokens", num_speculative_tokens))
-    for name, value in settings:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"strategy='eagle': {name} must be an int >= 1" +
-                             (" or 'auto'" if name == "num_speculative_tokens" else "") + f"; got {value!r}.")
+    return None if tree == "dynamic" else resolve_tree(tree)
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
              stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
-             eagle_model=None, num_speculative_tokens: int | str = "auto", tree: str = "dynamic",
+             eagle_model=None, num_speculative_tokens: int | str = LENGTH.default, tree: str = "dynamic",
              tree_depth: int = 5, tree_top_k: int = 8, cache_costs: bool = True,
              tree_verifier: str = "auto", revision: str | None = None, token=None, token_streamer=None,
              stop_strings=None, target_tokenizer=None, **model_kwargs):
@@ -84,26 +72,30 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     a name or a list of paths of draft ranks, as for Medusa) and the target verifies its ``num_speculative_tokens``
     most probable nodes in one forward; "auto" (the default): each step, the node count up to ``AUTO_MAX_NODES``
     (0 = plain decoding) that the measured costs and the draft's calibrated probabilities say is fastest
-    (``hf_spec.engine.auto.AutoDynamicTree``; ``cache_costs=False`` forgets earlier calls). tree_verifier: "auto" (Triton kernels on CUDA, the torch reference
-    elsewhere), "triton" or "torch". token_streamer, target_tokenizer: what generate() calls streamer and
+    (``hf_spec.eagle.auto.AutoDynamicTree``; ``cache_costs=False`` forgets earlier calls). tree_verifier:
+    "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch". token_streamer, target_tokenizer: what generate() calls streamer and
     tokenizer (see ``hf_spec.draft.generate``).
     """
     call = DecodingCall.of("eagle", model, input_ids, logits_processor, stopping_criteria, generation_config,
                            token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, **model_kwargs)
-    check_tree_settings(num_speculative_tokens, tree, tree_depth, tree_top_k)
-    paths = static_tree(tree, num_speculative_tokens)
+    LENGTH.check(num_speculative_tokens)  # at the door, before the draft loads
+    TREE_DEPTH.check("tree_depth", tree_depth, "strategy='eagle': ")
+    TREE_TOP_K.check("tree_top_k", tree_top_k, "strategy='eagle': ")
+    paths = static_tree(tree)
     verifier = get_verifier(tree_verifier, model.device)
     draft = resolve_eagle(eagle_model, model, revision, token)
-    if paths is not None:
-        schedule, confidence = FixedLength(len(paths)), None
-    elif num_speculative_tokens == "auto":
+    if paths is not None:  # ranks among the draft's own vocabulary
+        validate_tree(paths, vocab_size=draft.lm_head.out_features if draft.version == 3 else draft.config.vocab_size)
+    confidence = None
+
+    def auto() -> AutoDynamicTree:
+        nonlocal confidence
         memory = pair_memory(model, draft, cache_costs)
-        memory.tree_confidence = memory.tree_confidence or TreeConfidence()
-        schedule = AutoDynamicTree(memory.costs, memory.tree_confidence, AUTO_MAX_NODES, cadence=memory.probe_cadence)
-        confidence = memory.tree_confidence
-    else:
-        schedule, confidence = FixedLength(num_speculative_tokens), None
+        memory.tree_confidence = confidence = memory.tree_confidence or TreeConfidence()
+        return AutoDynamicTree(memory.costs, confidence, AUTO_MAX_NODES, cadence=memory.probe_cadence)
+
+    schedule = LENGTH.schedule(num_speculative_tokens, auto, fixed=None if paths is None else len(paths))
     proposer = EagleProposer(draft, model, call.padding_mask, call.batch_size, tree_depth, tree_top_k, confidence,
                              paths)
     return speculative_generate(call, proposer, schedule,

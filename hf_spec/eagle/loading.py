@@ -9,7 +9,11 @@
   ``lm_head`` [draft_vocab_size, h], ``d2t`` and ``t2d`` (absent when the draft's vocabulary is the target's),
   optionally ``embed_tokens``.
 - vLLM's speculators (``speculators_model_type: "eagle3"``): the EAGLE-3 weights under ``layers.0.*``, the layer's
-  config in ``transformer_layer_config``.
+  config in ``transformer_layer_config``, whose ``sliding_window`` (with ``use_sliding_window`` / ``layer_types``)
+  the draft's attention honours.
+
+Every key is accounted for: a key no upstream version of the layout has (e.g. an EAGLE-3 ``fc.bias``) is refused,
+and errors name the keys as the file spells them.
 
 Which target layers EAGLE-3 reads: ``eagle_aux_hidden_state_layer_ids`` at the top of the config (vLLM's and
 speculators' convention: indices into transformers' ``output_hidden_states``, 0 the embeddings, i the input of
@@ -61,8 +65,7 @@ def eagle_from_state_dict(state: dict[str, torch.Tensor], config: dict, target) 
     if speculators is not None and speculators != "eagle3":
         raise ValueError(f"speculators_model_type {speculators!r} is not an EAGLE-3 draft; hf-spec reads 'eagle3'.")
     if speculators:
-        state = {("midlayer." + key[len("layers.0."):] if key.startswith("layers.0.") else key): value
-                 for key, value in state.items()}
+        state = {_from_speculators(key): value for key, value in state.items()}
         layer_config = config.get("transformer_layer_config")
         if not isinstance(layer_config, dict):
             raise ValueError("A speculators EAGLE-3 config needs transformer_layer_config (the layer's config).")
@@ -100,10 +103,15 @@ def eagle_from_state_dict(state: dict[str, torch.Tensor], config: dict, target) 
         if llama.hidden_size != target_hidden:
             raise ValueError(f"An EAGLE-1/2 draft's hidden size ({llama.hidden_size}) must be the target's "
                              f"({target_hidden}): it reads the target's hidden states and output layer.")
-    fc_bias = "fc.bias" in state if version == 3 else bool(config.get("bias", True))
+    if version == 3 and "fc.bias" in state:
+        raise ValueError("The EAGLE-3 draft's file has fc.bias, which no EAGLE-3 layout has (SafeAILab/EAGLE, "
+                         "SpecForge, speculators and vLLM build fc without a bias): it was not trained as hf-spec would "
+                         "run it. Remove the key, or retrain the draft.")
+    fc_bias = False if version == 3 else bool(config.get("bias", True))
     draft = EagleDraft(llama, version, feature_size, fc_bias=fc_bias, qkv_bias=bool(config.get("qkv_bias", False)),
-                       own_embedding=own_embedding, token_map=token_map, aux_layers=aux_layers)
-    _check_keys_and_shapes(draft, state, version)
+                       own_embedding=own_embedding, token_map=token_map, aux_layers=aux_layers,
+                       sliding_window=sliding_window(layer_config))
+    _check_keys_and_shapes(draft, state, version, _to_speculators if speculators else str)
     draft.load_state_dict(state, strict=True)
     return draft.to(device=target.device, dtype=target.dtype).eval()
 
@@ -128,6 +136,8 @@ def save_eagle_draft(draft: EagleDraft, folder: str | os.PathLike, layout: str =
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     layer = {key: value for key, value in draft.config.to_dict().items() if key in CONFIG_KEYS}
+    if draft.sliding_window is not None:
+        layer.update(sliding_window=draft.sliding_window, use_sliding_window=True)
     dtype = str(draft.fc.weight.dtype)[6:]
     state = {key: value.detach().contiguous().cpu() for key, value in draft.state_dict().items()}
     aux = list(draft.aux_layers)
@@ -162,6 +172,13 @@ def save_eagle_draft(draft: EagleDraft, folder: str | os.PathLike, layout: str =
         state.update(d2t=draft.token_map.d2t, t2d=draft.token_map.t2d)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, str(folder / "model.safetensors"))
+
+
+def draft_vocab_size(config: dict) -> int | None:
+    """How many tokens a draft with this ``config.json`` ranks (what a static tree's ranks must stay below), as far
+    as the config says (None: it does not)."""
+    layer = config.get("transformer_layer_config") if config.get("speculators_model_type") else config
+    return config.get("draft_vocab_size") or (layer or {}).get("vocab_size")
 
 
 def aux_layer_ids(config: dict, num_layers: int) -> tuple[int, ...]:
@@ -202,15 +219,43 @@ def _token_map(state: dict, config: dict, vocab: int) -> TokenMap | None:
     return token_map
 
 
-def _check_keys_and_shapes(draft: EagleDraft, state: dict, version: int) -> None:
+def _from_speculators(key: str) -> str:
+    return "midlayer." + key[len("layers.0."):] if key.startswith("layers.0.") else key
+
+
+def _to_speculators(key: str) -> str:
+    return "layers.0." + key[len("midlayer."):] if key.startswith("midlayer.") else key
+
+
+def sliding_window(layer_config: dict) -> int | None:
+    """The draft layer's attention window in tokens (None: the whole context), as transformers reads a layer's
+    config: ``layer_types`` where given, else ``use_sliding_window`` where given, else ``sliding_window`` itself."""
+    window = layer_config.get("sliding_window")
+    types = layer_config.get("layer_types")
+    if types is not None:
+        active = bool(types) and types[0] == "sliding_attention"
+    elif layer_config.get("use_sliding_window") is not None:
+        active = bool(layer_config["use_sliding_window"])
+    else:
+        active = window is not None
+    if not active:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"The draft's layer attends within a sliding window, but its sliding_window is {window!r}: "
+                         "it must be a number of tokens >= 1.")
+    return window
+
+
+def _check_keys_and_shapes(draft: EagleDraft, state: dict, version: int, shown=str) -> None:
+    """Every key of the file is one the draft has, of its shape; ``shown`` names a key as the file spells it."""
     expected = draft.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(shown(key) for key in set(expected) - set(state))
+    unexpected = sorted(shown(key) for key in set(state) - set(expected))
     if missing or unexpected:
         layout = "EAGLE-3" if version == 3 else "EAGLE-1/2"
         raise ValueError(f"The {layout} draft's weights do not fit its config: missing {missing[:8]}, unexpected "
                          f"{unexpected[:8]}.")
-    wrong = [f"{key}: file {tuple(state[key].shape)}, expected {tuple(value.shape)}"
+    wrong = [f"{shown(key)}: file {tuple(state[key].shape)}, expected {tuple(value.shape)}"
              for key, value in expected.items() if state[key].shape != value.shape]
     if wrong:
         raise ValueError("The draft's weights have the wrong shapes for its config and the target: " + "; ".join(

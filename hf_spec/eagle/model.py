@@ -50,18 +50,20 @@ class EagleDraft(nn.Module):
     ``feature_size``: the width of what the target gives (EAGLE-1/2: h; EAGLE-3: 3h, or 3 x target_hidden_size);
     ``token_map``: EAGLE-3's reduced vocabulary (None: the draft's lm_head covers the target's vocabulary);
     ``own_embedding``: the file has ``embed_tokens`` (else the target's is used); ``aux_layers``: EAGLE-3's target
-    layers (indices into ``output_hidden_states``), None for EAGLE-1/2 (the last hidden state).
+    layers (indices into ``output_hidden_states``), None for EAGLE-1/2 (the last hidden state);
+    ``sliding_window``: the layer attends to at most this many tokens, itself included (None: the whole context),
+    as its trainer set (speculators' ``sliding_window``); the proposer masks the rest.
     """
 
     def __init__(self, config: LlamaConfig, version: int, feature_size: int, *, fc_bias: bool = False,
                  qkv_bias: bool = False, own_embedding: bool = False, token_map: TokenMap | None = None,
-                 aux_layers: tuple[int, ...] | None = None):
+                 aux_layers: tuple[int, ...] | None = None, sliding_window: int | None = None):
         super().__init__()
         if version not in (1, 3):
             raise ValueError(f"EAGLE version must be 1 (EAGLE-1/2) or 3; got {version!r}.")
         config._attn_implementation = "sdpa"
         self.config, self.version, self.token_map = config, version, token_map
-        self.aux_layers = aux_layers
+        self.aux_layers, self.sliding_window = aux_layers, sliding_window
         h = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, h) if own_embedding else None
         self.fc = nn.Linear(feature_size if version == 3 else 2 * h, h, bias=fc_bias)

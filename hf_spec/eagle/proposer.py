@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
-from ..engine.auto import TreeConfidence
 from ..engine.cache import rollback
 from ..engine.proposer import Proposal
 from ..engine.trees import TreeBuffers, build_tree_buffers
+from .auto import TreeConfidence
 from .model import EagleDraft
 
 
@@ -114,8 +114,13 @@ class EagleProposer:
         block's, where ``block_attention`` [batch, n, n] says."""
         n = tokens.shape[1]
         past = self.valid[:, None, :].expand(-1, n, -1)
-        return self.draft(tokens, features, positions, torch.cat([past, block_attention], dim=-1), self.cache,
-                          self.embedding, self.head, from_target=from_target, logits_to_keep=logits_to_keep)
+        attention = torch.cat([past, block_attention], dim=-1)
+        window = self.draft.sliding_window
+        if window is not None:  # e.g. window 2: a query at position 7 attends keys at positions 6 and 7
+            keys = torch.cat([self.valid.long().cumsum(-1) - 1, positions], dim=-1)  # [b, cached + n]
+            attention = attention & (positions[:, :, None] - keys[:, None, :] < window)
+        return self.draft(tokens, features, positions, attention, self.cache, self.embedding, self.head,
+                          from_target=from_target, logits_to_keep=logits_to_keep)
 
     def _static(self, depth: int) -> TreeBuffers:
         """The static tree's nodes at most ``depth`` deep."""

@@ -12,110 +12,29 @@ and across calls, the acceptance by confidence bin from the steps that did specu
 moving average of the calibrated acceptance of the recent tokens. So plain decoding costs the draft nothing
 (no probe steps, no draft prefill), and speculation starts where the text turns predictable.
 
-That prediction is judged against what happens: speculation starts when the recent tokens were
-predictable, and the next ones are less so than the average says (regression to the mean; measured on the
-real pair: runs started at a predicted 0.9 or more went on at 0.5-0.8). A second calibration, by bin of the
-prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
-acceptance (one standard error optimistic while a bin's record is short). Starting again after plain
-steps makes the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches
-only when the time the tokens ahead should save exceeds that catch-up. max_new_tokens says when an answer must
-stop, not how long it is: the tokens ahead are what earlier calls that went past this point made beyond it
-(``AnswerLengths``), and with no such call, as many as this call has made so far (at most what is left and
-``max_horizon``). Costs, calibrations and answer lengths are kept per (target, draft, device, dtype) across
-calls (``cache_costs=False`` starts afresh).
+That prediction is judged against what happens: speculation starts when the recent tokens were predictable,
+and the next ones are less so than the average says (regression to the mean). A second calibration, by bin of
+the prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
+acceptance (one standard error optimistic while a bin's record is short). Starting again after plain steps makes
+the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches only when the
+time the tokens ahead should save exceeds that catch-up. max_new_tokens says when an answer must stop, not how
+long it is: the tokens ahead are what earlier calls that went past this point made beyond it (``AnswerLengths``),
+and with no such call, as many as this call has made so far (at most what is left and ``max_horizon``). Costs,
+calibrations and answer lengths are kept per (target, draft, device, dtype) across calls (``cache_costs=False``
+starts afresh).
 
 ``AutoTree`` (Medusa's ``tree="auto"``) picks the prefix size of a nested tree family the same way, from the
-heads' measured accuracy; ``AutoDynamicTree`` (EAGLE's default) picks how many of a dynamic tree's best nodes to
-verify, from the draft's own probabilities corrected by what verification kept (``TreeConfidence``);
-``AutoLookup`` (prompt lookup's default) how many nodes of the lookup's trie to verify, from the acceptance by
-position that lookup proposals have realised (``PositionSurvival``).
+heads' measured accuracy; ``AutoNodes`` picks how many of a tree built afresh each step to verify, from an
+estimate a strategy supplies (EAGLE's ``hf_spec.eagle.auto``, prompt lookup's ``hf_spec.lookup.auto``). While
+plain decoding wins, ``ProbeCadence`` spaces the probe steps that keep a tree's estimates current.
 """
 from __future__ import annotations
 
-import bisect
-import math
-from collections import deque
 from dataclasses import dataclass, field
 
 from .costs import Costs, best_tree_size, expected_tokens_per_step
+from .estimates import AnswerLengths, ConfidenceCalibration
 from .schedule import Schedule
-
-
-class ConfidenceCalibration:
-    """P(a proposal is accepted | a score in [0, 1]), by bin of the score: by default the target's confidence
-    where the proposal is judged; with ``PREDICTION_EDGES``, the acceptance "auto" predicted for the step.
-
-    Each bin holds pseudo-counts (accepted, seen): a prior of ``prior_weight`` steps at the bin's middle, then
-    observations; a bin keeps at most ``memory`` of them (older ones fade), so it follows a new pair or text.
-    """
-
-    EDGES = (0.3, 0.5, 0.7, 0.85, 0.95, 0.99)
-    PREDICTION_EDGES = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
-
-    def __init__(self, prior_weight: float = 2.0, memory: float = 200.0, edges: tuple[float, ...] = EDGES):
-        self.edges = edges
-        bounds = (0.0, *edges, 1.0)
-        middles = [(lo + hi) / 2 for lo, hi in zip(bounds, bounds[1:])]
-        self.accepted = [m * prior_weight for m in middles]
-        self.seen = [prior_weight] * len(middles)
-        self.memory = memory
-
-    def _bin(self, confidence: float) -> int:
-        return bisect.bisect_right(self.edges, confidence)
-
-    @classmethod
-    def of_predictions(cls) -> "ConfidenceCalibration":
-        """Bins of the acceptance "auto" predicted for a step: what such steps realised."""
-        return cls(edges=cls.PREDICTION_EDGES)
-
-    def rate(self, confidence: float) -> float:
-        b = self._bin(confidence)
-        return self.accepted[b] / self.seen[b]
-
-    def optimistic_rate(self, confidence: float) -> float:
-        """The rate plus one standard error (prior included; at most 1): a bin with a short record is taken
-        at better than its mean, so one unlucky step does not end speculation there. A bin whose optimistic
-        rate says "plain" gets no new observations, so that verdict stands."""
-        rate = self.rate(confidence)
-        return min(rate + math.sqrt(rate * (1 - rate) / self.seen[self._bin(confidence)]), 1.0)
-
-    def update(self, confidence: float, accepted: bool) -> None:
-        count_with_fading(self.accepted, self.seen, self._bin(confidence), accepted, self.memory)
-
-
-def count_with_fading(accepted: list[float], seen: list[float], i: int, hit: bool, memory: float) -> None:
-    """Add one observation to pseudo-counts ``accepted[i]`` / ``seen[i]``; once ``seen[i]`` reaches ``memory``, older
-    ones fade so that it stays there (the estimate follows a new pair or text)."""
-    if seen[i] >= memory:
-        fade = (memory - 1) / seen[i]
-        accepted[i] *= fade
-        seen[i] *= fade
-    accepted[i] += float(hit)
-    seen[i] += 1.0
-
-
-class AnswerLengths:
-    """The number of tokens recent calls made, to expect how many lie ahead of a call that has made some: the mean,
-    over the earlier calls that went past that point, of what they made beyond it (within what this call may
-    still add). ``begin()`` opens a call's entry and ``record()`` keeps it current, so a call that stops early
-    (end of sequence, a stopping criterion, an exception) counts as far as it got."""
-
-    def __init__(self, memory: int = 64):
-        self.finished: deque[int] = deque(maxlen=memory)
-        self.current: int | None = None
-
-    def begin(self) -> None:
-        if self.current is not None:
-            self.finished.append(self.current)
-        self.current = 0
-
-    def record(self, made: int) -> None:
-        self.current = made
-
-    def expected_ahead(self, made: int, remaining: int) -> float | None:
-        """Tokens to expect beyond ``made``; None when no earlier call went past it."""
-        beyond = [min(length - made, remaining) for length in self.finished if length > made]
-        return sum(beyond) / len(beyond) if beyond else None
 
 
 class AutoLength(Schedule):
@@ -228,6 +147,8 @@ class AutoLength(Schedule):
 
 
 @dataclass
+
+
 class ProbeCadence:
     """While plain decoding wins, a probe step after ``every`` plain steps (``streak`` counts them); ``every``
     starts at ``minimum``, doubles after each probe up to ``maximum``, and falls back to ``minimum`` when a tree
@@ -309,44 +230,6 @@ class AutoTree(Schedule):
             self.costs.observe_propose_step(propose_s)
 
 
-class TreeConfidence:
-    """How many tokens a dynamic tree's best n nodes should bring, learned per pair across calls.
-
-    A node is accepted when its whole path is, and the draft's probability of that is the node's cumulative
-    probability; so E(n) = 1 + r x (p_1 + ... + p_n), with p_i the i-th best node's cumulative probability
-    (a moving average over steps and rows, ``curve``) and r the ratio of tokens verification accepted to
-    tokens the draft's probabilities predicted for the nodes it verified (a moving average, 1 at first)."""
-
-    def __init__(self, smoothing: float = 0.2):
-        self.smoothing = smoothing
-        self.curve: list[float] | None = None
-        self.ratio = 1.0
-        self._predicted: float | None = None  # what the last proposal's verified nodes predicted, all rows
-
-    def observe_tree(self, probabilities: list[list[float]], verified: int) -> None:
-        """Each row's candidates' cumulative probabilities, best first, of which the first ``verified`` go to the
-        target."""
-        width = min(len(p) for p in probabilities)
-        mean = [sum(p[i] for p in probabilities) / len(probabilities) for i in range(width)]
-        if self.curve is None:
-            self.curve = mean
-        else:  # a shallower tree (fewer nodes asked for) tells only the head of the curve
-            head = [(1 - self.smoothing) * old + self.smoothing * new for old, new in zip(self.curve, mean)]
-            self.curve = head + self.curve[len(head):] + mean[len(self.curve):]
-        self._predicted = sum(sum(p[:verified]) for p in probabilities)
-
-    def observe_accepted(self, accepted: list[int]) -> None:
-        if self._predicted:
-            ratio = sum(accepted) / self._predicted
-            self.ratio = (1 - self.smoothing) * self.ratio + self.smoothing * ratio
-        self._predicted = None
-
-    def expected(self, max_nodes: int) -> list[float]:
-        """E(n) for n = 0 .. min(max_nodes, nodes known)."""
-        sizes = min(max_nodes, len(self.curve))
-        return [1.0 + self.ratio * sum(self.curve[:n]) for n in range(sizes + 1)]
-
-
 class AutoNodes(AutoTree):
     """``AutoTree`` for a tree built afresh each step: the n of its best nodes to verify, up to ``max_nodes``, with
     E(n) from ``estimate.expected(max_nodes)`` (an object that learns it: ``TreeConfidence``, ``PositionSurvival``)."""
@@ -361,104 +244,3 @@ class AutoNodes(AutoTree):
     @property
     def largest(self) -> int:
         return self.max_nodes
-
-
-class AutoDynamicTree(AutoNodes):
-    """``num_speculative_tokens="auto"`` for EAGLE: each step verifies the n of the dynamic tree's best nodes (0 =
-    plain decoding) that maximise E(n) / (H + V(n + 1)) (``TreeConfidence``; H the draft's measured time per
-    step, V the target's verify cost by width). As ``AutoTree``: plain decoding first measures V(1), then the
-    largest tree (``max_nodes``) once; while plain decoding wins, probe steps keep the estimates current."""
-
-    def __init__(self, costs: Costs, confidence: TreeConfidence, max_nodes: int = 64,
-                 cadence: ProbeCadence | None = None):
-        super().__init__(costs, confidence, max_nodes, cadence)
-
-    def measured(self) -> bool:
-        return self.costs.propose_step is not None and self.estimate.curve is not None
-
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
-                confidence: list[list[float]]) -> None:
-        super().observe(k, accepted, propose_s, verify_s, confidence)
-        if k > 0:
-            self.estimate.observe_accepted(accepted)
-
-
-class PositionSurvival:
-    """How many tokens a step proposing n tokens should bring, from the acceptance by position realised so far:
-    a_i = P(proposal i is accepted | the i - 1 before it were, and it was proposed), pseudo-counts with a prior of
-    ``prior`` over ``prior_weight`` steps, fading after ``memory`` observations; E(n) = 1 + s_1 + ... + s_n with
-    s_i = a_1 ... a_i. For a tree whose first nodes are its best chain (prompt lookup's trie), position i is
-    accepted when the accepted path is at least i deep."""
-
-    def __init__(self, prior: float = 0.5, prior_weight: float = 2.0, memory: float = 200.0):
-        self.prior, self.prior_weight, self.memory = prior, prior_weight, memory
-        self.accepted: list[float] = []
-        self.seen: list[float] = []
-
-    def _grow(self, positions: int) -> None:
-        while len(self.seen) < positions:
-            self.accepted.append(self.prior * self.prior_weight)
-            self.seen.append(self.prior_weight)
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        """One row's step: ``proposed`` tokens (or nodes), ``accepted`` of them along the path it kept."""
-        judged = min(proposed, accepted + 1)  # positions 1..accepted + 1 were judged
-        self._grow(judged)
-        for i in range(judged):
-            count_with_fading(self.accepted, self.seen, i, i < accepted, self.memory)
-
-    def expected(self, max_positions: int, optimistic: bool = False) -> list[float]:
-        """E(n) for n = 0 .. max_positions; ``optimistic``: each a_i one standard error higher (at most 1), so that a
-        position with a short record is taken at better than its mean (and gets tried, where a choice between
-        proposers would otherwise never observe it again)."""
-        self._grow(max_positions)
-        expected, survival = [1.0], 1.0
-        for i in range(max_positions):
-            rate = self.accepted[i] / self.seen[i]
-            if optimistic:
-                rate = min(rate + math.sqrt(rate * (1 - rate) / self.seen[i]), 1.0)
-            survival *= rate
-            expected.append(expected[-1] + survival)
-        return expected
-
-
-class MatchSurvival:
-    """``PositionSurvival`` by class of a lookup match's length (1, 2-3, 4 or more tokens of agreement with the text
-    before it: a longer agreement is a surer copy). Measured on the 1.5B target's greedy answers to 21 Spec-Bench
-    questions, a continuation of 10 tokens brought 0.7, 1.5 and 4.7 accepted tokens in these classes."""
-
-    CLASSES = 3
-
-    def __init__(self):
-        self.by_class: dict[int, PositionSurvival] = {}
-
-    def __getitem__(self, match_length: int) -> PositionSurvival:
-        """The survival of matches of this length's class."""
-        return self.by_class.setdefault(min(match_length.bit_length(), self.CLASSES), PositionSurvival())
-
-    def classes(self) -> list[PositionSurvival]:
-        return [self[2 ** c - 1] for c in range(1, self.CLASSES + 1)]
-
-
-class AutoLookup(AutoNodes):
-    """``num_speculative_tokens="auto"`` for prompt lookup: each row's tree gets the n nodes (0 = none) that
-    maximise E(n) / (H + V(n + 1)) for its match (``nodes_for``; E from the acceptance by position that matches of
-    its length's class realised, ``MatchSurvival``; H the lookup's measured time, V the target's verify cost by
-    width). The step's k caps them: the best size for the most promising class, up to ``max_nodes``. As
-    ``AutoTree``: plain decoding first measures V(1), then the largest size until a step has proposed; while
-    plain decoding wins for every class, probe steps (at least one node a row) keep the estimates current."""
-
-    def __init__(self, costs: Costs, survival: MatchSurvival, max_nodes: int = 20,
-                 cadence: ProbeCadence | None = None):
-        super().__init__(costs, survival, max_nodes, cadence)
-
-    def expected(self) -> list[float]:
-        """E(n) of the most promising class, for each n."""
-        curves = [survival.expected(self.max_nodes) for survival in self.estimate.classes()]
-        return [max(values) for values in zip(*curves)]
-
-    def nodes_for(self, match_length: int, cap: int) -> int:
-        """The nodes to verify for a row whose best match is ``match_length`` tokens long, at most ``cap``."""
-        if not self.measured():
-            return cap
-        return best_tree_size(self.estimate[match_length].expected(cap), self.costs, min(int(self.probing), cap))

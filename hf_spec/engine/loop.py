@@ -25,11 +25,14 @@ from .stats import SpecStats, StepTimer, _set_last_stats
 
 
 def speculative_generate(call: DecodingCall, proposer: Proposer, schedule: Schedule,
-                         acceptance: Acceptance | None = None, tree_verifier: TreeVerifier = TORCH):
+                         acceptance: Acceptance | None = None, tree_verifier: TreeVerifier = TORCH,
+                         choices: dict[str, str] | None = None):
     """Decode ``call`` with ``proposer`` proposing k tokens a step (k from ``schedule``) and the target verifying
     them; returns what ``generate()`` would. ``acceptance``: the rule (default: exact, greedy or sampling as the
-    call says); ``tree_verifier``: the backend whose KV compaction moves an accepted tree path into place."""
+    call says); ``tree_verifier``: the backend whose KV compaction moves an accepted tree path into place;
+    ``choices``: what the strategy chose for this call and why, kept in the statistics."""
     decoding = _Decoding(call, proposer, schedule, acceptance or Acceptance(call.do_sample), tree_verifier)
+    decoding.stats.choices.update(choices or {})
     k = decoding.prefill()
     while not decoding.done:
         decoding.step(k)

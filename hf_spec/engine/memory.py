@@ -1,10 +1,12 @@
 """What "auto" schedules keep across calls, per (target, proposer) pair on one device and dtype."""
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
-from .auto import AnswerLengths, ConfidenceCalibration, MatchSurvival, ProbeCadence
+from .auto import ProbeCadence
 from .costs import Costs
+from .estimates import AnswerLengths, ConfidenceCalibration
 
 
 @dataclass
@@ -16,9 +18,9 @@ class PairMemory:
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
-    tree_confidence: object = None  # EAGLE: a hf_spec.engine.auto.TreeConfidence
+    tree_confidence: object = None  # EAGLE: a hf_spec.eagle.auto.TreeConfidence
     probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # Medusa's and EAGLE's auto: plain steps
-    lookup_survival: MatchSurvival = field(default_factory=MatchSurvival)  # prompt lookup's, by match length
+    lookup_survival: object = None  # prompt lookup's: a hf_spec.lookup.auto.MatchSurvival
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
@@ -28,22 +30,64 @@ class PairMemory:
         return self.realised.setdefault(do_sample, ConfidenceCalibration.of_predictions())
 
 
-_MEMORY: dict[tuple, PairMemory] = {}
+class PairMemories:
+    """A ``PairMemory`` per (target, proposer) pair on one device and dtype, held only while both live.
+
+    Models are held by weak reference, not by name or ``id()``: a model built or loaded anew never inherits the
+    memory of one that was discarded (Python reuses ids, and two models loaded from one path may differ), and a
+    discarded model's memories go with it. A proposer without weights (e.g. "prompt_lookup") is a name. At most
+    ``limit`` memories a target (beyond it, the first made go)."""
+
+    def __init__(self, limit: int = 32):
+        self.limit = limit
+        self._by_target: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> (by object, by name)
+
+    def get(self, target, proposer) -> PairMemory:
+        by_object, by_name = self._by_target.setdefault(target, (weakref.WeakKeyDictionary(), {}))
+        if isinstance(proposer, str):
+            settings = by_name.setdefault(proposer, {})
+        else:
+            settings = by_object.setdefault(proposer, {})
+        key = (_settings(target), _settings(proposer))
+        if key not in settings:
+            self._make_room(by_object, by_name)
+            settings[key] = PairMemory()
+        return settings[key]
+
+    def _make_room(self, by_object, by_name) -> None:
+        kept = [(settings, key) for group in (by_object, by_name) for settings in list(group.values())
+                for key in settings]
+        for settings, key in kept[: max(len(kept) - self.limit + 1, 0)]:
+            del settings[key]
+
+    def values(self) -> list[PairMemory]:
+        return [memory for by_object, by_name in list(self._by_target.values())
+                for group in (by_object, by_name) for settings in list(group.values()) for memory in settings.values()]
+
+    def __len__(self) -> int:
+        return len(self.values())
+
+    def clear(self) -> None:
+        self._by_target = weakref.WeakKeyDictionary()
 
 
-def _model_key(model) -> tuple:
-    if isinstance(model, str):  # a proposer without weights (prompt lookup)
-        return (model,)
+def _settings(model) -> tuple:
+    """What besides the object decides its costs: device, dtype and quantization (a name: nothing)."""
+    if isinstance(model, str):
+        return ()
     config = getattr(model, "config", None)
     if config is None:  # Medusa heads
-        return (getattr(model, "name_or_path", None) or id(model), str(next(model.parameters()).device))
+        return (str(next(model.parameters()).device),)
     quantization = getattr(config, "quantization_config", None) or getattr(model, "hf_spec_quantization", None)
-    return (model.name_or_path or id(model), str(model.device), str(model.dtype), str(quantization))
+    return (str(model.device), str(model.dtype), str(quantization))
+
+
+_MEMORY = PairMemories()
 
 
 def pair_memory(target, draft, cache_costs: bool = True) -> PairMemory:
     """The memory kept for this (target, draft) pair on this device and dtype, or a fresh one. ``draft``: a model,
-    Medusa heads, or a name for a proposer without weights (e.g. "prompt_lookup")."""
+    Medusa heads, an EAGLE draft, or a name for a proposer without weights (e.g. "prompt_lookup")."""
     if not cache_costs:
         return PairMemory()
-    return _MEMORY.setdefault((_model_key(target), _model_key(draft)), PairMemory())
+    return _MEMORY.get(target, draft)

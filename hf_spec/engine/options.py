@@ -28,17 +28,17 @@ from __future__ import annotations
 import functools
 import json
 import warnings
-from pathlib import Path
 
 from transformers import GenerationConfig
+
+from ..resources import GENERATE_OPTIONS
 
 SUPPORTED, REFUSED, IGNORED = "supported", "refused", "ignored"
 
 # The table itself is data: hf_spec/data/generate_options.json, {name: {"status", "reason"}}.
 OPTIONS: dict[str, tuple[str, str]] = {
     name: (entry["status"], entry["reason"])
-    for name, entry in json.loads((Path(__file__).resolve().parents[1] / "data" / "generate_options.json")
-                                  .read_text()).items()
+    for name, entry in json.loads(GENERATE_OPTIONS.read_text()).items()
 }
 
 # Keywords generate() consumes (or computes) before it calls a strategy: checked by the seam only.

@@ -1,10 +1,19 @@
-"""How many tokens to propose at each step (k): the schedules the loop asks.
+"""How many tokens to propose at each step (k): the schedules the loop asks, and the one place that turns
+``num_speculative_tokens`` into one.
 
-``num_speculative_tokens=`` an int (``FixedLength``), ``"stepwise"`` (``StepwiseLength``, the seed's rule of
-thumb) or ``"auto"`` (``hf_spec.engine.auto.AutoLength``: the k the measured costs and predicted acceptance say
-is fastest; ``AutoTree`` does the same for a nested family of trees). k = 0 is a plain decoding step.
+What k counts differs by strategy (a draft's chain length, a tree's nodes), so each strategy declares its
+``SpeculationLength``: what k means for it, its default and the named schedules it takes. ``schedule`` checks the
+value (one validator, one message per mistake) and makes the schedule: an int (``FixedLength``), ``"stepwise"``
+(``StepwiseLength``, the seed's rule of thumb) or ``"auto"`` (the strategy's own cost-model schedule, e.g.
+``hf_spec.engine.auto.AutoLength``). A tree the user fixes (``tree=``) sets k itself: ``fixed`` says so. k = 0 is a
+plain decoding step.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..settings import Range
 
 NAMED_SCHEDULES = ("auto", "stepwise")
 
@@ -50,11 +59,43 @@ class StepwiseLength(Schedule):
         self.k = min(self.k + 1, self.max_k) if sum(accepted) >= 0.5 * k * len(accepted) else max(self.k - 1, 1)
 
 
-def check_num_speculative_tokens(num_speculative_tokens) -> None:
-    """Refuse what is not an int >= 1, "auto" or "stepwise"."""
-    if num_speculative_tokens in NAMED_SCHEDULES:
-        return
-    if (isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int)
-            or num_speculative_tokens < 1):
-        raise ValueError("num_speculative_tokens must be an int >= 1, 'auto' or 'stepwise'; "
-                         f"got {num_speculative_tokens!r}.")
+@dataclass(frozen=True)
+class SpeculationLength:
+    """What ``num_speculative_tokens`` means for one strategy: ``meaning`` (what k counts), its ``default`` and the
+    named schedules it takes (``named``: "auto", and "stepwise" where k is a chain's length)."""
+
+    strategy: str
+    meaning: str
+    default: int | str
+    named: tuple[str, ...] = ("auto",)
+
+    @property
+    def range(self) -> Range:
+        return Range(int, minimum=1, named=self.named)
+
+    def check(self, value) -> int | str:
+        """``value`` if this strategy takes it, else ValueError naming the setting, what k means here, the allowed
+        values and the mistake (e.g. "stepwise" where k counts tree nodes)."""
+        problem = self.range.problem(value)
+        if problem is None:
+            return value
+        if isinstance(value, str) and value in NAMED_SCHEDULES:
+            problem = f"{value!r} sizes a draft's chain: strategy='draft' only"
+        raise ValueError(f"num_speculative_tokens must be {self.range.describe()}; for strategy={self.strategy!r} it "
+                         f"is the {self.meaning}; got {value!r} ({problem}).")
+
+    def schedule(self, value, auto: Callable[[], Schedule], fixed: int | None = None) -> Schedule:
+        """The schedule for ``num_speculative_tokens=value``: ``auto()`` makes the strategy's "auto" schedule.
+        ``fixed``: the k a tree the user chose sets (its node count); ``value`` must then be "auto", the default
+        that leaves k to the tree."""
+        value = self.check(value)
+        if fixed is not None:
+            if value != "auto":
+                raise ValueError(f"strategy={self.strategy!r}: a static tree= sets the nodes verified per step; drop "
+                                 "num_speculative_tokens=, or use tree='dynamic'.")
+            return FixedLength(fixed)
+        if value == "auto":
+            return auto()
+        if value == "stepwise":
+            return StepwiseLength()
+        return FixedLength(value)

@@ -48,6 +48,8 @@ class SpecStats:
     propose_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    # what the strategy chose for this call and why, e.g. {"draft form": "int8 weights (...); 32768 ids (...)"}
+    choices: dict[str, str] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -159,6 +161,7 @@ class SpecStats:
             f"{self.tokens_per_step:.2f} tokens/step, {self.tokens_per_second:.2f} tok/s; time: "
             f"prefill {self.prefill_s:.2f}s, proposing {self.propose_s:.2f}s, verifying {self.verify_s:.2f}s, "
             f"other {self.overhead_s:.2f}s ({self.overhead_share:.1%})"
+            + "".join(f"; {name}: {why}" for name, why in self.choices.items())
         )
 
 

@@ -22,8 +22,7 @@ def forward_seconds_by_width(model, context: int, blocks: Mapping[int, TreeBuffe
 
     The widths are timed in rounds that take each of them once, so a drift of the machine's speed (another
     tenant's load, the clock) moves every width alike instead of skewing their ratios, which is what decides
-    whether a tree pays: timed one width after another, a shared 2-core CPU once gave the 1.5B's second token
-    +41% where rounds give +5%."""
+    whether a tree pays (timed one width after another, a drift between bursts reads as a cost of width)."""
     for width, tree in blocks.items():
         if tree is not None and width != tree.num_nodes + 1:
             raise ValueError(f"A tree of {tree.num_nodes} nodes is verified {tree.num_nodes + 1} wide, not {width}.")
@@ -49,6 +48,30 @@ def forward_seconds_by_width(model, context: int, blocks: Mapping[int, TreeBuffe
             for width in blocks:
                 times[width].append(verify(width))
     return {width: statistics.median(seconds) for width, seconds in times.items()}
+
+
+def forward_seconds_by_model(forms: Mapping[str, tuple[object, object]], context: int, repeats: int = 5,
+                             width: int = 1) -> dict[str, float]:
+    """Median time of one forward of ``width`` new tokens on a cache warm with ``context`` tokens, for each of
+    ``forms`` ({name: (model, head)}: a model, scored by ``head`` where not None, as ``CachedModel`` does), timed in
+    rounds that take each form once (as ``forward_seconds_by_width`` does widths), after a warm-up round."""
+    runners, steps = {}, {}
+    for name, (model, head) in forms.items():
+        vocab = model.get_output_embeddings().weight.shape[0]
+        runners[name] = CachedModel(model, new_cache(model), head=head)
+        steps[name] = torch.randint(vocab, (1, width))
+        with torch.no_grad():
+            runners[name].forward(torch.randint(vocab, (1, context)), logits_to_keep=1)
+    times = {name: [] for name in forms}
+    with torch.no_grad():
+        for round_ in range(repeats + 1):
+            for name, runner in runners.items():
+                model = forms[name][0]
+                seconds = elapsed(lambda: runner.forward(steps[name], logits_to_keep=width), model.device)
+                runner.rollback(context)
+                if round_:  # the first round warms each form up
+                    times[name].append(seconds)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
 def forward_seconds(model, context: int, width: int, repeats: int = 3, tree: TreeBuffers | None = None,

@@ -117,8 +117,8 @@ def validate_tree(paths: list[tuple[int, ...]], num_heads: int | None = None, to
         if top_k is not None and max(path) >= top_k:
             raise ValueError(f"Tree path {list(path)} uses rank {max(path)}, beyond the top-{top_k} in use.")
         if vocab_size is not None and max(path) >= vocab_size:
-            raise ValueError(f"Tree path {list(path)} uses rank {max(path)}, but a head ranks only the {vocab_size} "
-                             "tokens of the vocabulary: ranks go from 0 to vocab_size - 1.")
+            raise ValueError(f"Tree path {list(path)} uses rank {max(path)}, but the proposer ranks only the "
+                             f"{vocab_size} tokens of its vocabulary: ranks go from 0 to {vocab_size - 1}.")
 
 
 def build_tree_buffers(paths: list[tuple[int, ...]]) -> TreeBuffers:

@@ -4,26 +4,28 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from ..engine.auto import AutoLookup, MatchSurvival
 from ..engine.call import DecodingCall
 from ..engine.costs import Costs
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
-from ..engine.schedule import FixedLength, Schedule
+from ..engine.schedule import Schedule, SpeculationLength
+from ..settings import MAX_MATCHING_NGRAM_SIZE, PROMPT_LOOKUP_NUM_TOKENS
 from ..verify import Acceptance, get_verifier
+from .auto import AutoLookup, MatchSurvival
 from .proposer import PromptLookupProposer
 
 # transformers' GenerationConfig fields for prompt lookup, and their defaults there
 LOOKUP_OPTIONS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
 DEFAULT_NUM_TOKENS, DEFAULT_MAX_NGRAM = 10, 2
-AUTO_NODES_PER_TOKEN = 1  # "auto" offers up to this many nodes per lookup token (measured: 20-node trees of 10-token
-# continuations cost 1.5x a plain step on this project's CPU in bf16 and their extra nodes were rarely accepted; an
-# offline replay of the 1.5B's answers found a second continuation of 10 tokens slower than none)
+AUTO_NODES_PER_TOKEN = 1  # "auto" offers up to this many nodes per lookup token: a trie's nodes beyond its best
+# continuation are rarely accepted, and a wider tree costs more to verify
+LENGTH = SpeculationLength("prompt_lookup", "tree's nodes per step (of the trie of earlier continuations)",
+                           default="auto")
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
              stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
-             num_speculative_tokens: int | str = "auto", cache_costs: bool = True, tree_verifier: str = "auto",
+             num_speculative_tokens: int | str = LENGTH.default, cache_costs: bool = True, tree_verifier: str = "auto",
              token_streamer=None, stop_strings=None, target_tokenizer=None, **model_kwargs):
     """Prompt lookup decoding for ``model.generate(custom_generate=...)``: no draft model; the continuations of
     earlier occurrences of the last tokens (in the prompt and the text generated so far) are proposed as one
@@ -50,12 +52,12 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
 def lookup_settings(generation_config: GenerationConfig) -> tuple[int, int]:
     """(prompt_lookup_num_tokens, max_matching_ngram_size) from the generation config, transformers' defaults
     where unset, checked."""
-    num_tokens = getattr(generation_config, "prompt_lookup_num_tokens", None) or DEFAULT_NUM_TOKENS
-    max_ngram = getattr(generation_config, "max_matching_ngram_size", None) or DEFAULT_MAX_NGRAM
-    for name, value in zip(LOOKUP_OPTIONS, (num_tokens, max_ngram)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1; got {value!r}.")
-    return num_tokens, max_ngram
+    num_tokens = getattr(generation_config, "prompt_lookup_num_tokens", None)
+    max_ngram = getattr(generation_config, "max_matching_ngram_size", None)
+    num_tokens = DEFAULT_NUM_TOKENS if num_tokens is None else num_tokens
+    max_ngram = DEFAULT_MAX_NGRAM if max_ngram is None else max_ngram
+    return (PROMPT_LOOKUP_NUM_TOKENS.check("prompt_lookup_num_tokens", num_tokens),
+            MAX_MATCHING_NGRAM_SIZE.check("max_matching_ngram_size", max_ngram))
 
 
 def lookup_proposer(call: DecodingCall, num_tokens: int, max_ngram: int, schedule: Schedule,
@@ -73,12 +75,10 @@ def lookup_schedule(num_speculative_tokens, target, memory_key, num_tokens: int,
     """Nodes per step: a fixed int, or "auto" (``AutoLookup`` up to ``max_nodes``, default
     ``AUTO_NODES_PER_TOKEN * num_tokens``; its estimates kept for (target, ``memory_key``) across calls unless
     ``cache_costs=False``; ``costs``: the target's costs another schedule of the call measures, to share)."""
-    if num_speculative_tokens == "auto":
+    def auto() -> AutoLookup:
         memory = pair_memory(target, memory_key, cache_costs)
         largest = max_nodes or AUTO_NODES_PER_TOKEN * num_tokens
+        memory.lookup_survival = memory.lookup_survival or MatchSurvival()
         return AutoLookup(costs or memory.costs, memory.lookup_survival, max_nodes=largest)
-    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
-            or num_speculative_tokens < 1:
-        raise ValueError("num_speculative_tokens for prompt lookup is the tree's nodes per step: an int >= 1 or "
-                         f"'auto'; got {num_speculative_tokens!r}.")
-    return FixedLength(num_speculative_tokens)
+
+    return LENGTH.schedule(num_speculative_tokens, auto)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
-from ..engine.auto import PositionSurvival
+from ..engine.estimates import PositionSurvival
 from ..engine.costs import Costs
 from ..engine.memory import pair_memory
 from ..engine.proposer import Proposal, Proposer
 from ..engine.schedule import Schedule
+from .auto import MatchSurvival
 from .generate import lookup_proposer, lookup_schedule, lookup_settings
 from .proposer import PromptLookupProposer, trie_proposal
 
@@ -25,6 +26,7 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     for (target, ``memory_key``)); else it is ``prompt_lookup_num_tokens``."""
     num_tokens, max_ngram = lookup_settings(call.generation_config)
     memory = pair_memory(call.model, memory_key, cache_costs)
+    memory.lookup_survival = memory.lookup_survival or MatchSurvival()
     nodes = "auto" if num_speculative_tokens == "auto" else num_tokens
     shared = getattr(fallback_schedule, "costs", None)  # the target's costs, as the fallback's "auto" measures them
     schedule = lookup_schedule(nodes, call.model, memory_key, num_tokens, cache_costs, max_nodes=num_tokens,
@@ -43,7 +45,7 @@ class LookupAndDraftProposer:
     wins (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen
     brings tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has realised
     (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
-    ``fallback_survival``, as a draft's acceptance follows the text: 98% in a math answer, 40% in a story; each one
+    ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a story; each one
     standard error optimistic, so that a match class the draft outbids at its prior gets tried; for both, position
     i survives where either does, taken as independent), T = the proposer's measured time a step (the draft's
     include its catch-up on what the lookup committed) + the target's verification of the step's width (``costs``,

@@ -6,11 +6,9 @@ last n tokens occurred: x[i - n + 1 .. i] == x[S - n .. S - 1], 1 <= n <= ``max_
 (at least its n-gram, at most ``CONTEXT``): the text that led to it, not only its last n tokens.
 
 Matches are ranked longest first, then earliest first. transformers' prompt lookup takes the earliest match of the
-longest n-gram; ranking by the agreement behind the n-gram finds the passage being copied. Measured on the 1.5B
-target's own greedy answers to 21 Spec-Bench questions (docs/benchmarks.md, "Prompt lookup against transformers'"),
-the first continuation then brings 1.59 tokens a step (longest then earliest), against 1.57 (transformers'
-earliest) and 1.54 (most recent first): summaries and RAG answers copy the document, which comes first. The
-continuations are merged into a trie, in rank order, until it holds ``budget`` nodes: the first continuation is a
+longest n-gram; ranking by the agreement behind the n-gram finds the passage being copied, and among equals the
+earliest, as summaries and RAG answers copy the document, which comes first (``tools/lookup_replay.py`` replays a
+model's own answers to compare rankings offline). The continuations are merged into a trie, in rank order, until it holds ``budget`` nodes: the first continuation is a
 chain, the next ones add the branches where they differ.
 
 Each position counts once, with its longest n-gram. e.g. x = [5, 6, 7, 5, 6, 8, 5, 6], max_ngram 2: (5, 6) at i = 1

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from transformers import LogitsProcessorList
 
-from ..engine.auto import MatchSurvival
+from .auto import MatchSurvival
 from ..engine.proposer import Proposal
 from ..engine.trees import TreeBuffers, build_tree_buffers
 from .matches import continuation_trie, ranked_matches

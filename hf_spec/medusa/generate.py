@@ -10,13 +10,16 @@ from ..engine.auto import AutoTree
 from ..engine.call import DecodingCall
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
-from ..engine.schedule import FixedLength
+from ..engine.schedule import SpeculationLength
 from ..engine.trees import DEFAULT_TREE, resolve_tree, validate_tree
 from ..verify import Acceptance, get_verifier
 from .accuracy import HeadAccuracy
 from .heads import MedusaHeads
 from .loading import load_medusa_heads
 from .proposer import MedusaProposer
+
+# Medusa takes no num_speculative_tokens: tree= sets the nodes verified per step ("auto": sized each step)
+LENGTH = SpeculationLength("medusa", "tree's nodes per step, set by tree=", default="auto")
 
 
 def resolve_heads(medusa_heads, model, revision=None, token=None) -> MedusaHeads:
@@ -63,8 +66,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     if memory.head_accuracy is None:
         memory.head_accuracy = HeadAccuracy(heads.num_heads)
     proposer = MedusaProposer(heads, paths, memory.head_accuracy, all_heads=tree == "auto")
-    if tree == "auto":
-        schedule = AutoTree(memory.costs, memory.head_accuracy, proposer.paths, cadence=memory.probe_cadence)
-    else:
-        schedule = FixedLength(len(paths))
+    schedule = LENGTH.schedule("auto", lambda: AutoTree(memory.costs, memory.head_accuracy, proposer.paths,
+                                                        cadence=memory.probe_cadence),
+                               fixed=None if tree == "auto" else len(paths))
     return speculative_generate(call, proposer, schedule, rule, verifier)

@@ -1,5 +1,12 @@
-"""Training proposers on a frozen model by self-distillation: one data pipeline (``data``: prompts split by
-question id, the model's own continuations and the hidden states generation computed, cached and resumable), what
-every trainer shares (``optimization``: AdamW with warm-up and cosine, batch order, checkpoints) and its consumers
-(``medusa`` and ``medusa_evaluation``: Medusa heads, their held-out accuracy and tree for this machine; ``eagle``:
-EAGLE-3 drafts with training-time test, their evaluation and export)."""
+"""Training proposers on a frozen model: what the model says is the label.
+
+- ``data``: prompts split by question id, the model's own continuations and the hidden states generation computed,
+  cached and resumable (Medusa's training data, and the held-out continuations every evaluation uses);
+- ``sources`` and ``python_functions``: training text (files, folders and the running Python's own functions),
+  deduplicated against held-out questions and mixed by weight;
+- ``rendering``, ``labelling`` and ``shards``: conversations labelled by the target (its features and its own
+  distribution, by prefill or generation), shard by shard;
+- ``optimization``: what every trainer shares (AdamW with warm-up and cosine, batch order, checkpoints);
+- ``medusa`` and ``medusa_evaluation``: Medusa heads, their held-out accuracy and tree for this machine;
+- ``eagle_draft``, ``eagle_stream``, ``eagle_evaluation`` and ``eagle``: EAGLE-3 drafts with training-time test,
+  trained on the shards as they are labelled, their evaluation, scaling curve and export."""

@@ -8,7 +8,9 @@ on (``Continuation``), so epochs cost the proposer's forward and backward only, 
 split by question id into disjoint sets (``split_train_eval``, the same rule for every kind of training), each
 split continued and cached one generation batch per file, so an interrupted run resumes where it stopped.
 Consumers: Medusa heads (``HiddenStates``: the last hidden state where a head has a target; head i at position t
-learns token t + i + 2) and EAGLE drafts (``hf_spec.training.eagle``: three layers' states at every position).
+learns token t + i + 2) and the EAGLE evaluation (``hf_spec.training.eagle``: the held-out continuations, with three
+layers' states at every position). ``continue_batch`` is the generation step itself, which EAGLE's labelling by
+generation shares (``hf_spec.training.labelling``).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..engine.runner import takes_logits_to_keep
+from ..conversations import read_conversations
 from ..prompts import SPEC_BENCH_QUESTIONS, Prompt, encode_ids, left_padded, load_prompts
 
 IGNORE = -100
@@ -43,14 +46,12 @@ def split_train_eval(prompts: list[Prompt], eval_every: int = 5) -> tuple[list[P
 
 
 def write_prompts(prompts: list[Prompt], source: str | Path, path: str | Path) -> None:
-    """The rows of ``source`` whose ids are in ``prompts``, as a jsonl ``hf-spec bench --questions`` reads."""
+    """The conversations of ``source`` whose ids are in ``prompts``, as Spec-Bench rows (``question_id``,
+    ``category``, ``turns``: the user's turns) that ``hf-spec bench --questions`` reads, ids as in ``source``."""
     ids = {p.question_id for p in prompts}
-    source = Path(source)
-    if source.suffix == ".jsonl":
-        rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
-        rows = [r for i, r in enumerate(rows) if str(r.get("question_id", i)) in ids]
-    else:
-        rows = [{"question_id": p.question_id, "category": "text", "turns": [p.text]} for p in prompts]
+    rows = [{"question_id": int(c.id) if c.id.isdigit() and str(int(c.id)) == c.id else c.id,
+             "category": c.category, "turns": [m.content for m in c.messages if m.role == "user"]}
+            for c in read_conversations(source, skip_bad_records=True).conversations if c.id in ids]
     Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -96,9 +97,7 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
     decoding)."""
     encoded = [encode_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    pad = pad_token_id(tokenizer)
     shards = None if shards is None else Path(shards)
     results = {} if shards is None else _read_shards(shards, encoded)
     numbers = itertools.count() if shards is None else _free_numbers(shards)
@@ -111,27 +110,55 @@ def self_distill(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 
         batch, number = todo[start : start + batch_size], next(numbers)
         if do_sample:
             torch.manual_seed(seed + number)
-        inputs = {key: value.to(model.device) for key, value in left_padded([encoded[i] for i in batch], pad).items()}
-        width = inputs["input_ids"].shape[1]
-        with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=pad, output_hidden_states=True,
-                                 return_dict_in_generate=True, **sampling)
-        # the layers along each row: the prefill's [batch, width], then one per step for the token it read;
-        # position p of a prompt of length P sits at width - P + p
-        along = torch.cat([torch.cat([step[layer] for layer in layers], dim=-1) for step in out.hidden_states], dim=1)
-        for row, i in enumerate(batch):
-            continuation = out.sequences[row, width:].tolist()
-            end = next((j + 1 for j, token in enumerate(continuation) if token in eos), len(continuation))
-            tokens, prompt_length = encoded[i] + continuation[:end], len(encoded[i])
-            kept = torch.tensor(list(kept_at(len(tokens), prompt_length)), dtype=torch.long)
-            kept += width - prompt_length
-            results[i] = Continuation(tokens, prompt_length, along[row, kept].to("cpu", dtype))
+        rows = continue_batch(model, [encoded[i] for i in batch], max_new_tokens, pad, layers, sampling)
+        for i, row in zip(batch, rows):
+            kept = torch.tensor(list(kept_at(len(row.tokens), len(encoded[i]))), dtype=torch.long)
+            results[i] = Continuation(row.tokens, len(encoded[i]), row.hidden[kept].to("cpu", dtype))
         if shards is not None:
             _write_shard(shards / f"batch-{number:05d}.pt", {i: results[i] for i in batch})
-        del out, along
+        del rows
         bar.update(len(batch))
     bar.close()
     return [results[i] for i in range(len(encoded))]
+
+
+@dataclass(frozen=True)
+class GeneratedRow:
+    """One row of ``continue_batch``: tokens (prompt + continuation, up to and with the first eos); hidden
+    [len(tokens) - 1, features]: the layers asked for at every position with a next token; logits
+    [len(continuation), vocab] (the model's raw logits that chose each continuation token) or None."""
+
+    tokens: list[int]
+    hidden: torch.Tensor
+    logits: torch.Tensor | None
+
+
+def continue_batch(model, rows: list[list[int]], max_new_tokens: int, pad_token_id: int, layers: tuple[int, ...],
+                   sampling: dict, logits: bool = False) -> list[GeneratedRow]:
+    """``rows`` (token ids) continued by ``model`` as one left-padded batch (``sampling``: generate()'s
+    do_sample and temperature); a continuation ends at the model's eos (kept) or after ``max_new_tokens``. The
+    hidden states are the ones generation computed (the prefill's for the prompt, each step's for the token it
+    read), concatenated over ``layers`` (indices into ``output_hidden_states``)."""
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    inputs = {key: value.to(model.device) for key, value in left_padded(rows, pad_token_id).items()}
+    width = inputs["input_ids"].shape[1]
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                             output_hidden_states=True, output_logits=logits, return_dict_in_generate=True,
+                             **sampling)
+    # the layers along each row: the prefill's [batch, width], then one per step for the token it read;
+    # position p of a prompt of length P sits at width - P + p
+    along = torch.cat([torch.cat([step[layer] for layer in layers], dim=-1) for step in out.hidden_states], dim=1)
+    generated = []
+    for r, prompt in enumerate(rows):
+        continuation = out.sequences[r, width:].tolist()
+        end = next((j + 1 for j, token in enumerate(continuation) if token in eos), len(continuation))
+        tokens = prompt + continuation[:end]
+        offset = width - len(prompt)
+        scores = torch.stack([step[r] for step in out.logits[:end]]) if logits else None
+        generated.append(GeneratedRow(tokens, along[r, offset : offset + len(tokens) - 1], scores))
+    return generated
 
 
 SHARDS = "batch-[0-9][0-9][0-9][0-9][0-9].pt"  # batch-{number:05d}.pt
@@ -170,6 +197,11 @@ def _free_numbers(folder: Path):
     return (n for n in itertools.count() if n not in taken)
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id batches are padded with: the tokenizer's pad token, else its eos."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def check_samples(samples_per_prompt: int, temperature: float) -> None:
     """The extra continuations of a training prompt (``samples_per_prompt`` - 1 of them) are sampled, at
     ``temperature``: at least one continuation a prompt, and a temperature > 0 when there are extras."""
@@ -199,23 +231,28 @@ class SelfDistillation:
     same ones resume or reuse it, whatever the generation batch size).
 
     ``limit`` trains on that many prompts taken evenly over the file (and evaluates on a quarter as many), so
-    every category keeps its share."""
+    every category keeps its share. ``skip_bad_records``: a bad record of the prompts file is skipped and counted
+    (printed), not refused."""
 
     def __init__(self, model, tokenizer, folder: str | Path, prompts_path: str | Path | None = None,
                  eval_every: int = 5, limit: int | None = None, max_new_tokens: int = 128, batch_size: int = 8,
                  layers: tuple[int, ...] = (-1,), positions: str = "heads", dtype: torch.dtype = torch.float32,
-                 progress: bool = True, print_fn=print):
+                 progress: bool = True, print_fn=print, skip_bad_records: bool = False):
         self.model, self.tokenizer, self.folder = model, tokenizer, Path(folder)
         self.max_new_tokens, self.batch_size, self.layers, self.positions = max_new_tokens, batch_size, layers, positions
         self.dtype, self.progress = dtype, progress
         self.folder.mkdir(parents=True, exist_ok=True)
         prompts_path = prompts_path or SPEC_BENCH_QUESTIONS
-        train, held_out = split_train_eval(load_prompts(prompts_path), eval_every)
+        prompts = load_prompts(prompts_path, skip_bad_records=skip_bad_records, print_fn=print_fn)
+        train, held_out = split_train_eval(prompts, eval_every)
         write_prompts(held_out, prompts_path, self.folder / "eval_questions.jsonl")  # all of them, for the bench
+        total = len(train) + len(held_out)
         if limit:
             train, held_out = spread(train, limit), spread(held_out, max(limit // 4, 1))
         self.prompts = {"train": train, "eval": held_out}
-        print_fn(f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0)")
+        self.split = (f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0) of "
+                      f"the {total} in {prompts_path}{f', limit {limit}' if limit else ''}")
+        print_fn(self.split)
         self.settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype),
                          "prompts": _digest(prompts_path), "limit": limit, "eval_every": eval_every,
                          "max_new_tokens": max_new_tokens, "layers": list(layers),

@@ -1,56 +1,55 @@
 """Train an EAGLE-3 draft for a frozen model on one machine: ``train_eagle``, ``hf-spec train-eagle``.
 
-    hf-spec train-eagle --model $HF_SPEC_MODELS/smollm2-135m-instruct
+    hf-spec train-eagle --model $HF_SPEC_MODELS/smollm2-135m-instruct --data python:stdlib
 
-1. prompts split by question id, continued by the model, cached (``hf_spec.training.data.SelfDistillation``, the
-   pipeline Medusa training uses too), keeping the three layers EAGLE-3 reads at every position, as generation
-   computed them;
-2. the draft vocabulary: the ``draft_vocab_size`` tokens the model emitted most often in the training
-   continuations (then the lowest ids, which byte-level BPE gives its most frequent pieces), plus eos
-   (``TokenMap``: EAGLE-3's ``d2t`` and ``t2d``);
-3. the draft (``new_eagle_draft``): one Llama layer of the target's attention shape and rope settings, its MLP
-   ``intermediate_size`` wide (the target's by default), its output layer started from the target's rows for the
-   kept tokens and its final norm from the target's;
-4. training-time test (``unrolled``): the draft runs ``ttt_steps`` times over each sequence, step s + 1 fed the
-   outputs of step s as its features (as the nodes of a tree are at inference) with the next tokens, each step's
-   entries attending the target-fed entries before them and their own earlier steps; the loss is
-   sum_s ``loss_decay``^s x cross-entropy of step s, on the continuation's tokens. Checkpoints in
-   ``OUTPUT/checkpoint.pt``; ``resume`` continues on the same batch order;
-5. evaluation on the held-out continuations (``evaluate_draft``): the rank of each true token at each step (the
-   draft fed its own outputs, and the true tokens, which are its own predictions wherever the path is right),
-   accuracy per step, replayed tokens per step for static trees of several sizes, and the size that maximises
-   predicted tokens per second on this machine (``tree.json``);
+1. the training conversations, in one order (``hf_spec.conversations``: files, folders and built-in sources,
+   mixed by weight, copies of the held-out questions removed; default: the training split of the Spec-Bench
+   questions, as prompts), labelled by the target shard by shard (``hf_spec.training.shards``): chats with
+   answers and documents by one prefill each (the features of the three layers EAGLE-3 reads and the target's own
+   next-token distribution at every covered token), prompts by the target's greedy answer (self-distillation);
+2. the draft vocabulary: the ``draft_vocab_size`` ids that carry the most of the target's probability over the
+   first ``vocab_tokens`` labelled tokens, plus eos (``TokenMap``: EAGLE-3's ``d2t`` and ``t2d``);
+3. the draft (``new_eagle_draft``): one Llama layer of the target's attention shape and rope settings, its output
+   layer started from the target's rows for the kept ids;
+4. training-time test (``hf_spec.training.eagle_draft``): the draft unrolled ``ttt_steps`` times, each step's
+   loss the cross-entropy against the target's distribution restricted to the draft vocabulary, weighted
+   ``loss_decay`` ** s; labelling and training interleave (``hf_spec.training.eagle_stream``): a shard labelled,
+   trained on, deleted (``keep_cache`` keeps it; later epochs need it); ``OUTPUT/checkpoint.pt``, ``resume``
+   continues on the same order; drafts saved at token milestones (``OUTPUT/milestones/``);
+5. evaluation on the held-out Spec-Bench questions (``question_id % eval_every == 0``), continued greedily by the
+   target (``hf_spec.training.eagle_evaluation``): accuracy per unrolled step, replayed tokens per step for
+   static trees of several sizes, and the size that maximises predicted tokens per second here (``tree.json``);
+   ``evaluate_milestones``: the scaling curve over the milestone drafts;
 6. the draft is written in the EAGLE-3 layout (``save_eagle_draft``) that ``strategy="eagle"``, SafeAILab/EAGLE and
    SpecForge read; ``export_speculators`` writes vLLM's.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
+import shutil
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable
 
 import torch
-from torch import nn
 from tqdm.auto import tqdm
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
-from ..eagle.loading import CONFIG_KEYS, aux_layer_ids, load_eagle_draft, save_eagle_draft
-from ..eagle.model import EagleDraft
-from ..eagle.proposer import EagleProposer
-from ..engine.costs import Costs, best_tree_size
-from ..engine.timing import median_seconds, tree_verify_seconds
-from ..engine.trees import MC_SIM_7B_63, prefix_closed_order
+from ..conversations import Conversation, Message
+from ..eagle.loading import aux_layer_ids, load_eagle_draft, save_eagle_draft
+from ..settings import COUNT, NON_NEGATIVE, NON_NEGATIVE_COUNT, POSITIVE, SHARE, TRAINING_WINDOW
 from ..token_map import TokenMap
-from .data import IGNORE, Continuation, SelfDistillation, check_samples, frozen_model, spread, training_positions
-from .medusa_evaluation import NO_TARGET, NOT_IN_TOP_K, Evaluation, accuracy_from_ranks, replayed_tokens_per_step
-from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule,
-                           save_checkpoint)
+from .data import SelfDistillation, frozen_model
+from .eagle_draft import draft_vocabulary, label_mass, new_eagle_draft
+from .eagle_evaluation import evaluate_draft, scaling_row, scaling_table
+from .eagle_stream import CHECKPOINT, MILESTONES, DraftTrainer, StopRequest, TrainingProgress, checkpoint_vocabulary
+from .labelling import Labelled
+from .shards import LABELS, Labeller, ShardStream
+from .sources import HeldOut, mix, parse_data_specs, read_sources
 
-CHECKPOINT = "checkpoint.pt"
+SHARDS, TRAINED = "shards", "trained.json"
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -58,312 +57,42 @@ class EagleTrainConfig:
     draft_vocab_size: int = 32000
     intermediate_size: int | None = None  # the draft MLP's width (None: the target's)
     ttt_steps: int = 4  # training-time test: how many times the draft is unrolled on its own outputs
-    epochs: int = 4
-    batch_size: int = 4  # sequences per step
+    epochs: int = 1  # passes over the labelled shards (the first one labels them)
+    batch_size: int = 4  # sequences (windows of at most max_length tokens) per step
     learning_rate: float = 5e-4
     weight_decay: float = 0.0
     loss_decay: float = 0.8  # step s's loss weight is loss_decay ** s
-    bf16: bool = False  # matmuls in bfloat16 (torch.autocast), weights and losses in float32
     warmup_steps: int = 20
     checkpoint_every: int = 100
     checkpoint_minutes: float = 10.0  # and at least this often
     seed: int = 0
+    top_k: int = 32  # the target's likeliest ids kept as labels at each covered token
+    chunk_size: int = 512  # tokens a prefill feeds at once (longer sequences: chunks, each with the cache before)
+    shard_tokens: int = 16384  # labelled tokens a shard holds (labelled, then trained on)
+    max_length: int = 1024  # tokens a training sequence holds (longer ones are cut into windows)
+    max_tokens: int | None = None  # stop labelling after this many labelled tokens (None: the whole stream)
+    schedule: str = "constant"  # the learning rate after warm-up: "constant", or "cosine" to 0 over max_tokens
+    vocab_tokens: int = 100_000  # labelled tokens whose labels choose the draft vocabulary
+    first_milestone: int = 50_000  # a draft is saved at this many labelled tokens, then at every doubling (0: none)
 
     def __post_init__(self):
-        if self.ttt_steps < 1:
-            raise ValueError(f"ttt_steps must be >= 1; got {self.ttt_steps}.")
-        if self.draft_vocab_size < 1:
-            raise ValueError(f"draft_vocab_size must be >= 1; got {self.draft_vocab_size}.")
-
-
-def most_frequent_tokens(continuations: list[Continuation], size: int, vocab_size: int,
-                         also: list[int] = ()) -> TokenMap:
-    """The draft vocabulary: the ``size`` target ids the continuations emit most often (ties and the rest: the
-    lowest ids), plus ``also`` (e.g. eos)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for c in continuations:
-        counts += torch.bincount(torch.tensor(c.tokens[c.prompt_length:], dtype=torch.long), minlength=vocab_size)
-    # stable sort on -count keeps ids ascending among equal counts
-    order = torch.sort(-counts, stable=True).indices[: min(size, vocab_size)]
-    return TokenMap.of([*order.tolist(), *also], vocab_size)
-
-
-def new_eagle_draft(target, token_map: TokenMap | None, aux_layers: tuple[int, ...] | None = None,
-                    intermediate_size: int | None = None) -> EagleDraft:
-    """An untrained EAGLE-3 draft for ``target`` (float32): one Llama layer of its attention shape and rope
-    settings, reading the target layers ``aux_layers`` (default: EAGLE-3's 2, L // 2, L - 3); output layer from
-    the target's rows for ``token_map``'s ids, final norm from the target's (where it has one)."""
-    text = target.config.get_text_config()
-    settings = {key: getattr(text, key) for key in CONFIG_KEYS if getattr(text, key, None) is not None}
-    if intermediate_size is not None:
-        settings["intermediate_size"] = intermediate_size
-    config = LlamaConfig(num_hidden_layers=1, **settings)
-    aux_layers = tuple(aux_layers) if aux_layers else aux_layer_ids({}, text.num_hidden_layers)
-    draft = EagleDraft(config, 3, len(aux_layers) * text.hidden_size, token_map=token_map, aux_layers=aux_layers)
-    with torch.no_grad():
-        head = target.get_output_embeddings().weight
-        rows = head if token_map is None else head[token_map.target_ids.to(head.device)]
-        draft.lm_head.weight.copy_(rows.float())
-        final_norm = getattr(target.base_model, "norm", None)
-        if final_norm is not None and final_norm.weight.shape == draft.norm.weight.shape:
-            draft.norm.weight.copy_(final_norm.weight.float())
-    return draft.float()
-
-
-@dataclass
-class Batch:
-    """Sequences padded on the right: tokens [b, n + steps + 1] (x[t]); features [b, n, F] (entry j: f[j]); valid
-    [b, n] (entries inside their sequence); labels [b, n + steps + 1] (x[t] as a draft id where it is a
-    continuation token the draft vocabulary has, else IGNORE); queries [b, m] (the entries whose outputs a loss
-    reads: ``training_positions``, from the prompt's second-to-last token on; padded with the row's last one,
-    ``queried`` False there)."""
-
-    tokens: torch.LongTensor
-    features: torch.Tensor
-    valid: torch.BoolTensor
-    labels: torch.LongTensor
-    queries: torch.LongTensor
-    queried: torch.BoolTensor
-
-    @classmethod
-    def of(cls, continuations: list[Continuation], draft_index: torch.LongTensor, steps: int,
-           device: torch.device, dtype: torch.dtype) -> "Batch":
-        entries = max(len(c.tokens) - 1 for c in continuations)
-        width = entries + steps + 1
-        batch = len(continuations)
-        wanted = [training_positions(len(c.tokens), c.prompt_length) for c in continuations]
-        tokens = torch.zeros(batch, width, dtype=torch.long)
-        labels = torch.full((batch, width), IGNORE, dtype=torch.long)
-        features = torch.zeros(batch, entries, continuations[0].hidden.shape[-1], dtype=dtype)
-        valid = torch.zeros(batch, entries, dtype=torch.bool)
-        queries = torch.zeros(batch, max(max(len(w) for w in wanted), 1), dtype=torch.long)
-        queried = torch.zeros(queries.shape, dtype=torch.bool)
-        for b, (c, rows) in enumerate(zip(continuations, wanted)):
-            length = len(c.tokens)
-            tokens[b, :length] = torch.tensor(c.tokens)
-            labels[b, c.prompt_length : length] = draft_index[tokens[b, c.prompt_length : length]]
-            features[b, : length - 1] = c.hidden.to(dtype)
-            valid[b, : length - 1] = True
-            queries[b] = rows[-1] if len(rows) else 0
-            queries[b, : len(rows)] = torch.tensor(rows, dtype=torch.long)
-            queried[b, : len(rows)] = True
-        return cls(*(t.to(device) for t in (tokens, features, valid, labels, queries, queried)))
-
-    def step_labels(self, step: int) -> torch.LongTensor:
-        """[b, m]: what query i predicts at step ``step`` (0-based): x[queries[i] + 2 + step] (IGNORE at padding)."""
-        labels = self.labels.gather(1, self.queries + 2 + step)
-        return labels.masked_fill(~self.queried, IGNORE)
-
-
-def unrolled(draft: EagleDraft, embedding: nn.Module, tokens: torch.LongTensor, features: torch.Tensor,
-             valid: torch.BoolTensor, steps: int, queries: torch.LongTensor | None = None):
-    """The draft unrolled ``steps`` times over whole sequences (training-time test); yields each step's outputs
-    [b, m, h] (before the final norm) at the entries ``queries`` [b, m] (default: every entry).
-
-    Step s's entry j is the depth-(s + 1) node of a tree rooted at x[j + 1]: token x[j + 1 + s], features the
-    output of step s - 1's entry j (step 0: fc of the target's f[j]), position j + s; it attends the step-0
-    entries 0..j (what the cache holds at inference) and its own entries of steps 1..s (its ancestors). So only
-    the step-0 keys and values are needed at every entry; the rest is computed at the entries queried (the entries
-    before the prompt's second-to-last, which no loss reads, cost their keys and values only)."""
-    layer = draft.midlayer
-    attention = layer.self_attn
-    batch, entries = features.shape[:2]
-    if queries is None:
-        queries = torch.arange(entries, device=features.device).expand(batch, -1)
-    heads, kv_heads = draft.config.num_attention_heads, draft.config.num_key_value_heads
-    head_dim = attention.head_dim
-    scale = head_dim ** -0.5
-    key_positions = torch.arange(entries, device=features.device)
-    past = ((key_positions[None, None, :] <= queries[:, :, None]) & valid[:, None, :])[:, None]  # [b, 1, m, n]
-
-    def gather(x: torch.Tensor) -> torch.Tensor:  # [b, n, ...] -> [b, m, ...] at the queries
-        return x.gather(1, queries.view(*queries.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
-
-    def heads_of(x: torch.Tensor, projection: nn.Linear, count: int,
-                 positions: torch.LongTensor | None) -> torch.Tensor:
-        """[b, len, count * d] -> [b, heads, len, d], rotated to ``positions``, the key/value heads repeated."""
-        y = projection(x).view(batch, x.shape[1], count, head_dim).transpose(1, 2)
-        if positions is not None:
-            cos, sin = draft.rotary_emb(x, positions)
-            y = y * cos[:, None] + rotate_half(y) * sin[:, None]
-        return repeat_kv(y, heads // count)
-
-    if draft.rotary_emb.inv_freq.dtype != torch.float32:
-        draft.rotary_emb.inv_freq = draft._inv_freq.to(features.device)
-    hidden = draft.fc(features)
-    embedded = embedding(tokens[:, 1 : 1 + entries]).to(hidden.dtype)
-    x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
-    # every entry's keys and values: what a tree attends
-    base_keys = heads_of(x, attention.k_proj, kv_heads, key_positions.expand(batch, -1))
-    base_values = heads_of(x, attention.v_proj, kv_heads, None)
-    x, hidden = gather(x), gather(hidden)
-    chain_keys, chain_values = [], []  # steps 1..s: [b, heads, m, d]
-    for step in range(steps):
-        if step > 0:
-            embedded = embedding(tokens.gather(1, queries + 1 + step)).to(hidden.dtype)
-            x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
-            chain_keys.append(heads_of(x, attention.k_proj, kv_heads, queries + step))
-            chain_values.append(heads_of(x, attention.v_proj, kv_heads, None))
-        q = heads_of(x, attention.q_proj, heads, queries + step)
-        scores = (q @ base_keys.transpose(-1, -2)).float() * scale  # [b, heads, m, n]
-        scores = scores.masked_fill(~past, float("-inf"))
-        own = [((q * key).sum(-1).float() * scale)[..., None] for key in chain_keys]  # [b, heads, m, 1] each
-        weights = torch.softmax(torch.cat([scores, *own], dim=-1), dim=-1).to(base_values.dtype)
-        attended = weights[..., :entries] @ base_values
-        for i, value in enumerate(chain_values):
-            attended = attended + weights[..., entries + i, None] * value
-        attended = attention.o_proj(attended.transpose(1, 2).reshape(batch, -1, heads * head_dim))
-        hidden = hidden + attended
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        yield hidden
-
-
-def step_losses(draft: EagleDraft, embedding: nn.Module, batch: Batch, steps: int) -> tuple[list[torch.Tensor], list[float]]:
-    """Each step's mean cross-entropy over the entries with a label (scored only there) and its top-1 accuracy."""
-    losses, accuracy = [], []
-    for step, hidden in enumerate(unrolled(draft, embedding, batch.tokens, batch.features, batch.valid, steps,
-                                           batch.queries)):
-        labels = batch.step_labels(step)
-        kept = labels != IGNORE
-        if not kept.any():
-            losses.append(hidden.sum() * 0.0)
-            accuracy.append(float("nan"))
-            continue
-        logits = draft.lm_head(draft.norm(hidden[kept])).float()
-        losses.append(nn.functional.cross_entropy(logits, labels[kept]))
-        accuracy.append(float((logits.argmax(-1) == labels[kept]).float().mean()))
-    return losses, accuracy
-
-
-def draft_index(draft: EagleDraft) -> torch.LongTensor:
-    """[target vocabulary]: each target id's draft id (IGNORE where the draft vocabulary lacks it)."""
-    if draft.token_map is None:
-        return torch.arange(draft.config.vocab_size)
-    index = torch.full((draft.config.vocab_size,), IGNORE, dtype=torch.long)
-    index[draft.token_map.target_ids] = torch.arange(draft.token_map.size)
-    return index
-
-
-def train_draft(draft: EagleDraft, embedding: nn.Module, data: list[Continuation], config: EagleTrainConfig,
-                output_dir: str | Path | None = None, resume: bool = False, max_steps: int | None = None,
-                progress: bool = True) -> list[dict]:
-    """Train ``draft`` on ``data`` (continuations with the target's features at every position); returns the log
-    (step, loss, accuracy per unrolled step). Checkpoints as Medusa training's (``hf_spec.training.optimization``)."""
-    device = draft.device
-    embedding.requires_grad_(False)
-    to_draft = draft_index(draft)
-    steps_per_epoch = math.ceil(len(data) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    optimizer, schedule = optimizer_and_schedule(draft, config.learning_rate, config.weight_decay,
-                                                 config.warmup_steps, total_steps)
-    weights = [config.loss_decay ** s for s in range(config.ttt_steps)]
-    step, log = 0, []
-    checkpoint = Path(output_dir) / CHECKPOINT if output_dir is not None else None
-    if resume:
-        step, log = load_checkpoint(checkpoint, "draft", draft, optimizer, schedule)
-    last = min(total_steps, max_steps) if max_steps is not None else total_steps
-    clock = CheckpointClock(config.checkpoint_every, last, config.checkpoint_minutes)
-    bar = tqdm(total=last, initial=step, desc="training the EAGLE draft", unit="step", disable=not progress)
-    draft.train()
-    order, order_epoch = None, None
-    while step < last:
-        epoch, index = divmod(step, steps_per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = epoch_order(len(data), config.seed, epoch), epoch
-        chosen = order[index * config.batch_size : (index + 1) * config.batch_size].tolist()
-        batch = Batch.of([data[i] for i in chosen], to_draft, config.ttt_steps, device, torch.float32)
-        with torch.autocast(device.type, dtype=torch.bfloat16) if config.bf16 else nullcontext():
-            losses, accuracy = step_losses(draft, embedding, batch, config.ttt_steps)
-        loss = sum(w * l for w, l in zip(weights, losses))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        step += 1
-        entry = {"step": step, "loss": float(loss.detach()), "accuracy": accuracy, "batch": chosen}
-        log.append(entry)
-        bar.update(1)
-        bar.set_postfix(loss=f"{entry['loss']:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
-        if checkpoint is not None and clock.due(step):
-            save_checkpoint(checkpoint, "draft", draft, optimizer, schedule, step, log, asdict(config))
-    bar.close()
-    draft.eval()
-    return log
-
-
-def draft_ranks(draft: EagleDraft, embedding: nn.Module, data: list[Continuation], steps: int, top_k: int = 10,
-                batch_size: int = 4) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """The rank of each true token among the draft's ``top_k`` guesses at each unrolled step, at the rows a loop
-    step can start from (``training_positions``: root x[j + 1], step s guesses x[j + 2 + s]) -> (ranks [rows,
-    steps] with NOT_IN_TOP_K / NO_TARGET, ends: each continuation's last row, as ``HiddenStates.ends``)."""
-    token_map = draft.token_map
-    to_target = (lambda ids: ids) if token_map is None else token_map.to_target
-    identity = torch.arange(draft.config.vocab_size)
-    ranks, ends, rows = [], [], 0
-    with torch.no_grad():
-        for start in range(0, len(data), batch_size):
-            chunk = data[start : start + batch_size]
-            batch = Batch.of(chunk, identity, steps, draft.device, draft.dtype)
-            outputs = list(unrolled(draft, embedding, batch.tokens, batch.features, batch.valid, steps,
-                                    batch.queries))
-            for b, c in enumerate(chunk):
-                count = int(batch.queried[b].sum())  # the queries are c's training positions
-                if not count:
-                    continue
-                positions = batch.queries[b, :count].cpu()
-                rank = torch.full((count, steps), NO_TARGET, dtype=torch.long)
-                for s, hidden in enumerate(outputs):
-                    guesses = to_target(draft.lm_head(draft.norm(hidden[b, :count])).float()
-                                        .topk(min(top_k, draft.lm_head.out_features), dim=-1).indices).cpu()
-                    truth = positions + 2 + s
-                    has = truth < len(c.tokens)
-                    wanted = torch.tensor(c.tokens)[truth.clamp(max=len(c.tokens) - 1)]
-                    hit = guesses == wanted[:, None]
-                    found = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(wanted, NOT_IN_TOP_K))
-                    rank[:, s] = torch.where(has, found, NO_TARGET)
-                ranks.append(rank)
-                rows += len(positions)
-                ends.append(rows - 1)
-    return torch.cat(ranks), torch.tensor(ends)
-
-
-def propose_seconds(draft: EagleDraft, target, context: int, paths: list[tuple[int, ...]], repeats: int = 5) -> float:
-    """The draft's time for one step of a static tree of ``paths``: catching up on two new entries (a root and
-    one accepted token), then scoring the tree level by level, on a cache warm with ``context`` entries."""
-    proposer = EagleProposer(draft, target, None, static_tree=paths)
-    feature_size = draft.fc.in_features
-    vocab = draft.config.vocab_size
-    row = torch.randint(vocab, (1, context + 1))
-
-    def feed(count: int):
-        nonlocal row
-        proposer.advance([0], [torch.randn(count, feature_size, dtype=draft.dtype)])
-        row = torch.cat([row, torch.randint(vocab, (1, count))], dim=1)
-
-    feed(context)
-    proposer.propose([row], len(paths), None, False, max_depth=8)  # the catch-up on the context, untimed
-
-    def step():
-        proposer.propose([row], len(paths), None, False, max_depth=8)
-
-    return median_seconds(step, draft.device, repeats, after=lambda: feed(2))
-
-
-def evaluate_draft(draft: EagleDraft, target, data: list[Continuation], steps: int, context: int = 256,
-                   paths: list[tuple[int, ...]] | None = None, measure: bool = True) -> Evaluation:
-    """Accuracy per unrolled step and replayed tokens per step for the prefixes of a static tree family (the
-    Medusa default tree, as deep as ``steps``) on ``data``; with ``measure``, this machine's costs (the target's
-    verification by tree size, the draft's time per step) and the size that maximises predicted tokens/s."""
-    paths = prefix_closed_order([p for p in (paths or MC_SIM_7B_63) if len(p) <= steps])
-    ranks, ends = draft_ranks(draft, target.get_input_embeddings(), data, steps)
-    evaluation = Evaluation(accuracy_from_ranks(ranks), paths, replayed_tokens_per_step(ranks, paths, ends),
-                            unit="step")
-    if measure:
-        verify = tree_verify_seconds(target, context, paths)
-        by_size = [0.0] + [propose_seconds(draft, target, context, paths[:n]) for n in range(1, len(paths) + 1)]
-        evaluation.costs, evaluation.heads_by_size = Costs(verify=verify, propose_step=by_size[-1]), by_size
-        evaluation.chosen_size = best_tree_size(evaluation.replayed, evaluation.costs, propose_steps=by_size)
-    return evaluation
+        for name in ("draft_vocab_size", "ttt_steps", "epochs", "batch_size", "top_k", "chunk_size", "shard_tokens",
+                     "vocab_tokens", "checkpoint_every", "warmup_steps"):
+            COUNT.check(name, getattr(self, name))
+        TRAINING_WINDOW.check("max_length", self.max_length)
+        NON_NEGATIVE_COUNT.check("first_milestone", self.first_milestone)
+        if self.max_tokens is not None:
+            COUNT.check("max_tokens", self.max_tokens)
+        if self.intermediate_size is not None:
+            COUNT.check("intermediate_size", self.intermediate_size)
+        for name in ("learning_rate", "checkpoint_minutes"):
+            POSITIVE.check(name, getattr(self, name))
+        NON_NEGATIVE.check("weight_decay", self.weight_decay)
+        SHARE.check("loss_decay", self.loss_decay)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}.")
+        if self.schedule == "cosine" and self.max_tokens is None:
+            raise ValueError("The cosine schedule decays over max_tokens: give max_tokens, or keep the constant one.")
 
 
 def default_output(model) -> Path:
@@ -373,60 +102,221 @@ def default_output(model) -> Path:
     return root / f"{name}-eagle3"
 
 
-def train_eagle(model, output_dir: str | Path | None = None, tokenizer=None, prompts_path: str | Path | None = None,
-                config: EagleTrainConfig | None = None, eval_every: int = 5, max_new_tokens: int = 128,
-                generation_batch_size: int = 8, limit: int | None = None, resume: bool = False,
-                progress: bool = True, print_fn=print, dtype: torch.dtype = torch.float32,
-                max_steps: int | None = None, measure: bool = True, train_fraction: float = 1.0,
-                samples_per_prompt: int = 1, temperature: float = 0.7):
-    """The whole recipe (module docstring) for ``model`` (an object or a Hub id / path); returns the trained draft
-    and its ``Evaluation`` on the held-out prompts. Files in ``output_dir`` (default ``default_output``): the draft
-    (``config.json``, ``model.safetensors``), ``checkpoint.pt``, ``cache/``, ``eval_questions.jsonl``,
-    ``evaluation.json`` and ``tree.json`` (the static tree chosen for this machine). ``dtype``: the model's, when
-    it is loaded here (self-distillation runs in it; the draft trains in float32, under bf16 autocast with
-    ``config.bf16``, and is saved in the model's dtype). ``train_fraction`` < 1 trains on that share of the
-    training continuations, taken evenly over them (the cache holds them all: a data-size probe generates once).
-    ``samples_per_prompt`` > 1 adds that many - 1 continuations of each training prompt sampled at ``temperature``
-    (more data from the same prompts; their tokens count for the draft vocabulary too); held-out prompts are
-    continued once, greedily."""
-    config = config or EagleTrainConfig()
-    check_samples(samples_per_prompt, temperature)
-    if not 0 < train_fraction <= 1:
-        raise ValueError(f"train_fraction is a share in (0, 1]; got {train_fraction}.")
-    model, tokenizer = frozen_model(model, tokenizer, dtype)
-    output_dir = Path(output_dir) if output_dir is not None else default_output(model)
-    text = model.config.get_text_config()
-    aux = aux_layer_ids({}, text.num_hidden_layers)
-    pipeline = SelfDistillation(model, tokenizer, output_dir, prompts_path, eval_every, limit, max_new_tokens,
-                                generation_batch_size, layers=aux, positions="all", dtype=model.dtype,
-                                progress=progress, print_fn=print_fn)
-    train = pipeline.continuations("train", do_sample=False, samples=samples_per_prompt, temperature=temperature,
-                                   seed=config.seed)
-    train = spread(train, max(round(train_fraction * len(train)), 1))
-    held_out = pipeline.continuations("eval", do_sample=False, seed=config.seed)
+def prompt_conversations(pipeline: SelfDistillation) -> list[Conversation]:
+    """The training split of the held-out pipeline's questions, as prompt-only conversations (the default data)."""
+    return [Conversation((Message("user", p.text),), "questions", f"question {p.question_id}", p.question_id,
+                         p.category) for p in pipeline.prompts["train"]]
+
+
+def _eos_ids(model) -> list[int]:
     eos = model.generation_config.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def _vocabulary(model, stream: ShardStream, config: EagleTrainConfig, stop, progress: bool = True) -> TokenMap | None:
+    """The draft vocabulary from the first shards' labels (labelled now, kept for training), None when it is
+    the target's whole vocabulary."""
     vocab = model.get_output_embeddings().weight.shape[0]
-    token_map = None
-    if config.draft_vocab_size < vocab:
-        token_map = most_frequent_tokens(train, config.draft_vocab_size, vocab, also=eos)
-    torch.manual_seed(config.seed)
-    draft = new_eagle_draft(model, token_map, aux, config.intermediate_size).to(model.device)
-    trainable = sum(p.numel() for p in draft.parameters())
-    print_fn(f"{sum(len(c.tokens) - c.prompt_length for c in train)} training tokens in {len(train)} continuations, "
-             f"{len(held_out)} held out; the draft has {trainable / 1e6:.1f}M parameters "
-             f"(vocabulary {token_map.size if token_map else vocab} of {vocab})")
-    train_draft(draft, model.get_input_embeddings(), train, config, output_dir, resume=resume, max_steps=max_steps,
-                progress=progress)
-    save_eagle_draft(draft.to(model.dtype), output_dir)
-    draft = load_eagle_draft(output_dir, target=model)  # what strategy="eagle" will run, in the model's dtype
-    evaluation = evaluate_draft(draft, model, held_out, config.ttt_steps, measure=measure)
+    if config.draft_vocab_size > vocab:
+        raise ValueError(f"draft_vocab_size ({config.draft_vocab_size}) is larger than the target's vocabulary "
+                         f"({vocab}): pass at most {vocab} ({vocab}: the whole vocabulary).")
+    if config.draft_vocab_size == vocab:
+        return None
+    mass, index, start, counted = torch.zeros(vocab, dtype=torch.float64), 0, 0, 0
+    wanted = min(config.vocab_tokens, config.max_tokens or config.vocab_tokens)  # never past the run's budget
+    bar = tqdm(total=wanted, unit="tok", unit_scale=True, desc="labelling for the draft vocabulary",
+               disable=not progress)
+    while counted < wanted and (shard := stream.get(index, start, stop)) is not None:
+        mass += label_mass(shard.pieces, vocab)
+        index, start, counted = index + 1, shard.end, counted + shard.tokens
+        bar.update(shard.tokens)
+    bar.close()
+    if stop():
+        raise KeyboardInterrupt(f"Stopped while labelling the first shards; those done are kept in {stream.folder}: "
+                                "run again with resume to continue.")
+    return draft_vocabulary(mass, config.draft_vocab_size, also=_eos_ids(model))
+
+
+def _shard_folder(output_dir: Path, settings: dict, resume: bool) -> Path:
+    """``OUTPUT/shards`` for labels made with ``settings``: kept on resume (refused if they were made otherwise),
+    emptied on a fresh run, which also drops the checkpoint, the milestones and the record of what the draft there
+    was trained on (``trained.json``) of the run before."""
+    folder, marker = output_dir / SHARDS, output_dir / SHARDS / "settings.json"
+    if resume and not marker.is_file() and not (output_dir / CHECKPOINT).is_file():
+        raise FileNotFoundError(f"Nothing to resume: {folder} holds no labelled shards (and {output_dir / CHECKPOINT} "
+                                "is not there either).")
+    if resume and marker.is_file() and json.loads(marker.read_text()) != settings:
+        raise ValueError(f"{folder} was labelled with other settings than this run's: resume with the same "
+                         f"model, data and labelling options, or start afresh (without resume). Found "
+                         f"{marker.read_text().strip()}")
+    if not resume:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(output_dir / MILESTONES, ignore_errors=True)
+        for name in (CHECKPOINT, TRAINED):
+            (output_dir / name).unlink(missing_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(settings, indent=1) + "\n")
+    return folder
+
+
+def nothing_trained(progress: TrainingProgress, what: str) -> str:
+    """Why a run that trained on nothing writes no draft, with its numbers."""
+    skipped = "; ".join(f"{n} {reason}" for reason, n in sorted(progress.skipped.items(), key=lambda kv: -kv[1]))
+    return (f"No draft written: {progress.step} training steps on {progress.tokens} labelled tokens of "
+            f"{progress.conversations} conversations ({progress.start} conversations read from {what}"
+            f"{'; not labelled: ' + skipped if skipped else ''}). Give training data with answers or documents "
+            "(or prompts to answer), or more of it.")
+
+
+def _training_data(data, pipeline: SelfDistillation, skip_bad_records: bool, seed: int, print_fn
+                   ) -> tuple[Callable[[], Iterable[Conversation]], str]:
+    """The training conversations (a function that gives them from the start, in one order) and what they are,
+    for messages and the cache's settings: ``data`` None (the training split of the questions), a function, or
+    data specs (``hf_spec.training.sources``: files, folders and built-in sources with weights, mixed, with
+    whatever shares a 13-gram with a Spec-Bench question or a held-out question dropped)."""
+    if data is None:
+        return (lambda: prompt_conversations(pipeline)), f"the training questions ({pipeline.split})"
+    if callable(data):
+        return data, "the conversations given"
+    specs = parse_data_specs([str(data)] if isinstance(data, (str, Path)) else [str(d) for d in data])
+    held_out = HeldOut.spec_bench()
+    for prompt in pipeline.prompts["eval"]:
+        held_out.add(prompt.text)
+    sources = read_sources(specs, held_out, skip_bad_records, print_fn)
+    return (lambda: mix(sources, seed)), ", ".join(f"{spec.source}:{spec.weight:g}" for spec in specs)
+
+
+def _held_out(pipeline: SelfDistillation) -> list[Labelled]:
+    """The held-out questions continued greedily by the target, labelled by their own tokens."""
+    return [Labelled.from_continuation(c.tokens, c.prompt_length, c.hidden)
+            for c in pipeline.continuations("eval", do_sample=False)]
+
+
+def _write_evaluation(output_dir: Path, evaluation, print_fn) -> None:
     print_fn(evaluation.table())
     (output_dir / "evaluation.json").write_text(json.dumps(evaluation.to_dict(), indent=1) + "\n")
-    tree = output_dir / "tree.json"
-    chosen = evaluation.to_dict()["chosen_tree"]
+    tree, chosen = output_dir / "tree.json", evaluation.to_dict()["chosen_tree"]
     if chosen:
         tree.write_text(json.dumps(chosen) + "\n")
-    else:
+    else:  # plain decoding wins here: no tree to recommend
         tree.unlink(missing_ok=True)
+
+
+@dataclass
+class _Run:
+    """What ``train_eagle`` sets up before training: the frozen target, where the run lives, the held-out
+    pipeline, the labelled stream and the description of its data."""
+
+    model: object
+    output_dir: Path
+    aux_layers: tuple[int, ...]
+    pipeline: SelfDistillation
+    stream: ShardStream
+    data: str
+
+
+def _set_up(model, output_dir, data, tokenizer, labels: str, config: EagleTrainConfig, questions, eval_every: int,
+            max_new_tokens: int, generation_batch_size: int, skip_bad_records: bool, resume: bool, dtype,
+            progress: bool, print_fn) -> _Run:
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {', '.join(LABELS)}; got {labels!r}.")
+    model, tokenizer = frozen_model(model, tokenizer, dtype)
+    output_dir = Path(output_dir) if output_dir is not None else default_output(model)
+    aux = aux_layer_ids({}, model.config.get_text_config().num_hidden_layers)
+    pipeline = SelfDistillation(model, tokenizer, output_dir, questions, eval_every, None, max_new_tokens,
+                                generation_batch_size, layers=aux, positions="all", dtype=model.dtype,
+                                progress=progress, print_fn=print_fn, skip_bad_records=skip_bad_records)
+    conversations, described = _training_data(data, pipeline, skip_bad_records, config.seed, print_fn)
+    settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype), "data": described,
+                "labels": labels, "layers": list(aux), "max_new_tokens": max_new_tokens,
+                "generation_batch_size": generation_batch_size, "seed": config.seed,
+                **{key: getattr(config, key) for key in ("top_k", "chunk_size", "shard_tokens", "max_length")}}
+    labeller = Labeller(model, tokenizer, aux, labels, config.top_k, config.chunk_size, max_new_tokens,
+                        feature_dtype=model.dtype)
+    stream = ShardStream(_shard_folder(output_dir, settings, resume), conversations, labeller, config.shard_tokens,
+                         config.max_length, generation_batch_size)
+    return _Run(model, output_dir, aux, pipeline, stream, described)
+
+
+def train_eagle(model, output_dir: str | Path | None = None, data=None, *, tokenizer=None, labels: str = "auto",
+                config: EagleTrainConfig | None = None, questions: str | Path | None = None, eval_every: int = 5,
+                max_new_tokens: int = 128, generation_batch_size: int = 8, skip_bad_records: bool = False,
+                resume: bool = False, keep_cache: bool = False, dtype: torch.dtype = torch.float32,
+                max_steps: int | None = None, measure: bool = True, progress: bool = True, print_fn=print,
+                stop: Callable[[], bool] | None = None):
+    """The whole recipe (module docstring) for ``model`` (an object or a Hub id / path); returns the trained draft
+    and its ``Evaluation`` on the held-out questions. ``data``: files, folders or sources of conversations, or a
+    function giving ``Conversation`` objects (default: the training split of ``questions``, answered by the
+    target); ``labels``: "auto", "prefill" or "generate" (``hf_spec.training.shards.Labeller``); ``questions``:
+    the questions file whose ``question_id % eval_every == 0`` are held out (default Spec-Bench's). Files in
+    ``output_dir`` (default ``default_output``): the draft, ``trained.json`` (what it trained on),
+    ``checkpoint.pt``, ``shards/``, ``milestones/``, ``cache/`` (the held-out continuations),
+    ``eval_questions.jsonl``, ``evaluation.json`` and ``tree.json``. ``dtype``: the target's, when it is loaded
+    here (labelling runs in it; the draft trains in float32, under bf16 autocast when it is bfloat16, and is saved
+    in it). ``stop``: a function that says when to stop (default: Ctrl-C); a stopped run raises
+    KeyboardInterrupt and continues with ``resume``."""
+    config = config or EagleTrainConfig()
+    run = _set_up(model, output_dir, data, tokenizer, labels, config, questions, eval_every, max_new_tokens,
+                  generation_batch_size, skip_bad_records, resume, dtype, progress, print_fn)
+    model, stop = run.model, stop or StopRequest()
+    resuming = resume and (run.output_dir / CHECKPOINT).is_file()
+    with stop.installed() if isinstance(stop, StopRequest) else nullcontext():
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if resuming:
+            ids = checkpoint_vocabulary(run.output_dir)
+            token_map = None if ids is None else TokenMap(ids, vocab)
+        else:
+            token_map = _vocabulary(model, run.stream, config, stop, progress)
+        torch.manual_seed(config.seed)
+        draft = new_eagle_draft(model, token_map, run.aux_layers, config.intermediate_size).to(model.device)
+        trainer = DraftTrainer(draft, model.get_input_embeddings(), run.stream, config, run.output_dir, model.dtype,
+                               keep_cache=keep_cache, progress=progress, stop=stop)
+        try:
+            done = trainer.run(resume=resuming, max_steps=max_steps)
+        except KeyboardInterrupt as stopped:  # say how to go on (a second Ctrl-C has no message)
+            if str(stopped):
+                print_fn(str(stopped))
+            raise
+    if not done.step or not done.tokens:
+        raise ValueError(nothing_trained(done, run.data))
+    print_fn(f"Trained on {done.conversations:,} distinct conversations and {done.tokens:,} labelled tokens "
+             f"({done.step:,} steps, {done.epoch} of {config.epochs} epochs done); the draft has "
+             f"{sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M parameters (vocabulary "
+             f"{draft.lm_head.out_features} of {vocab})")
+    save_eagle_draft(draft.to(model.dtype), run.output_dir)
+    (run.output_dir / TRAINED).write_text(json.dumps(done.trained()) + "\n")
+    draft = load_eagle_draft(run.output_dir, target=model)  # what strategy="eagle" will run, in the model's dtype
+    evaluation = evaluate_draft(draft, model, _held_out(run.pipeline), config.ttt_steps, measure=measure)
+    _write_evaluation(run.output_dir, evaluation, print_fn)
     return draft, evaluation
+
+
+def evaluate_milestones(model, output_dir: str | Path, tokenizer=None, questions: str | Path | None = None,
+                        eval_every: int = 5, max_new_tokens: int = 128, generation_batch_size: int = 8,
+                        steps: int = 4, dtype: torch.dtype = torch.float32, progress: bool = True,
+                        print_fn=print) -> list[dict]:
+    """The scaling curve of a run: every draft it saved at a token milestone (``OUTPUT/milestones/``) and the
+    final one (a milestone saved at the final step counts once), evaluated on the held-out questions (as ``train_eagle`` does, without costs); writes
+    ``scaling.json`` and ``scaling.md`` to ``output_dir`` and returns the rows (``scaling_row``)."""
+    model, tokenizer = frozen_model(model, tokenizer, dtype)
+    output_dir = Path(output_dir)
+    folders = sorted((output_dir / MILESTONES).glob("tokens-*"), key=lambda p: int(p.name.split("-")[1]))
+    folders += [output_dir] if (output_dir / TRAINED).is_file() else []
+    if not folders:
+        raise FileNotFoundError(f"{output_dir} holds no milestone drafts ({MILESTONES}/tokens-N) nor a trained "
+                                "draft: run train_eagle there first.")
+    trained = {folder: json.loads((folder / TRAINED).read_text()) for folder in folders}
+    folders = [f for f in folders if f == output_dir or trained[f] != trained.get(output_dir)]  # each draft once
+    aux = aux_layer_ids({}, model.config.get_text_config().num_hidden_layers)
+    pipeline = SelfDistillation(model, tokenizer, output_dir, questions, eval_every, None, max_new_tokens,
+                                generation_batch_size, layers=aux, positions="all", dtype=model.dtype,
+                                progress=progress, print_fn=print_fn)
+    held_out = _held_out(pipeline)
+    rows = []
+    for folder in folders:
+        draft = load_eagle_draft(folder, target=model)
+        rows.append(scaling_row(trained[folder], evaluate_draft(draft, model, held_out, steps, measure=False)))
+    (output_dir / "scaling.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (output_dir / "scaling.md").write_text(scaling_table(rows) + "\n")
+    print_fn(scaling_table(rows))
+    return rows

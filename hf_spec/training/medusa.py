@@ -49,7 +49,6 @@ class TrainConfig:
     loss_decay: float = 0.8  # head i's loss weight is loss_decay ** i (upstream Medusa-1 uses 0.8)
     soft_targets: float = 0.0  # weight of the base model's distribution against the token's (0: tokens only)
     greedy_targets: bool = False  # label each head with what greedy decoding would emit (``greedy_targets``)
-    bf16: bool = False  # matmuls in bfloat16 (torch.autocast), weights and losses in float32
     warmup_steps: int = 20
     checkpoint_every: int = 200
     checkpoint_minutes: float = 10.0  # and at least this often
@@ -142,14 +141,14 @@ def head_top1(scores: torch.Tensor, targets: torch.LongTensor) -> list[float]:
 
 def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, output_dir: str | Path | None = None,
                 resume: bool = False, progress: bool = True, max_steps: int | None = None,
-                base_lm_head: nn.Module | None = None) -> list[dict]:
+                base_lm_head: nn.Module | None = None, dtype: torch.dtype = torch.float32) -> list[dict]:
     """Train ``heads`` (attached to their base model) on ``data``; returns the log (step, loss, top-1 per head).
 
     With ``output_dir`` a checkpoint (heads, optimizer, step, log) is written every ``config.checkpoint_every``
     steps and at the end; ``resume`` loads it and continues from its step on the same batch order.
     ``max_steps`` stops early (for tests and budgets). ``base_lm_head``: the base model's, for
-    ``config.soft_targets`` (default: the one shared-layout heads are attached to)."""
-    device = next(heads.parameters()).device
+    ``config.soft_targets`` (default: the one shared-layout heads are attached to). ``dtype`` bfloat16 runs the
+    matmuls in bfloat16 (torch.autocast; weights and losses stay float32)."""
     if heads.base_lm_head is not None:  # the base model stays frozen
         heads.base_lm_head.requires_grad_(False)
     if config.soft_targets or config.greedy_targets:
@@ -158,14 +157,11 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
             raise ValueError("soft_targets and greedy_targets need the base model's lm_head: pass base_lm_head=.")
     if config.greedy_targets:
         data = HiddenStates(data.hidden, greedy_targets(data, base_lm_head, progress=progress), data.ends)
-    if config.soft_targets:
-        last_rows = sequence_last_rows(data)
     steps_per_epoch = math.ceil(len(data) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
     # fused AdamW: on a CPU, 12x faster than the default for own-lm_head heads (28M parameters a head on SmolLM2)
     optimizer, schedule = optimizer_and_schedule(heads, config.learning_rate, config.weight_decay,
                                                  config.warmup_steps, total_steps)
-    weights = torch.tensor([config.loss_decay ** i for i in range(heads.num_heads)], device=device)
     step, log = 0, []
     checkpoint = Path(output_dir) / CHECKPOINT if output_dir is not None else None
     if resume:
@@ -173,38 +169,51 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
     last = min(total_steps, max_steps) if max_steps is not None else total_steps
     clock = CheckpointClock(config.checkpoint_every, last, config.checkpoint_minutes)
     bar = tqdm(total=last, initial=step, desc="training heads", unit="step", disable=not progress)
-    with _bfloat16_lm_heads(heads, base_lm_head) if config.bf16 else nullcontext(base_lm_head) as base_lm_head:
+    bf16 = dtype == torch.bfloat16
+    with _bfloat16_lm_heads(heads, base_lm_head) if bf16 else nullcontext(base_lm_head) as base_lm_head:
         heads.train()
-        order, order_epoch = None, None
+        loss_of = _HeadLoss(heads, data, config, base_lm_head, bf16)
         while step < last:
             epoch, index = divmod(step, steps_per_epoch)
-            if epoch != order_epoch:
-                order, order_epoch = epoch_order(len(data), config.seed, epoch), epoch
-            batch = order[index * config.batch_size : (index + 1) * config.batch_size]
-            hidden = data.hidden[batch].to(device, heads.dtype)
-            targets = data.targets[batch].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
-                logits = heads(hidden)  # [num_heads, batch, vocab]
-            log_probs = torch.log_softmax(logits.float(), dim=-1)  # once for both losses and the top-1
-            losses = head_losses(log_probs, targets)
-            if config.soft_targets:
-                soft = soft_target_losses(log_probs, batch, data, last_rows, base_lm_head)
-                losses = (1 - config.soft_targets) * losses + config.soft_targets * soft
-            loss = (weights * losses).sum()
+            batch = epoch_order(len(data), config.seed, epoch)[index * config.batch_size : (index + 1) * config.batch_size]
+            loss, top1 = loss_of(batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             schedule.step()
             step += 1
-            entry = {"step": step, "loss": float(loss.detach()), "top1": head_top1(log_probs.detach(), targets)}
-            log.append(entry)
+            log.append({"step": step, "loss": float(loss.detach()), "top1": top1})
             bar.update(1)
-            bar.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{a:.2f}" for a in entry["top1"]))
+            bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", top1="/".join(f"{a:.2f}" for a in top1))
             if checkpoint is not None and clock.due(step):
                 save_checkpoint(checkpoint, "heads", heads, optimizer, schedule, step, log, asdict(config))
     bar.close()
     heads.eval()
     return log
+
+
+class _HeadLoss:
+    """The weighted loss of one batch of rows of ``data`` (hard targets, mixed with the base model's distribution
+    by ``config.soft_targets``) and each head's top-1 on it."""
+
+    def __init__(self, heads: MedusaHeads, data: HiddenStates, config: TrainConfig, base_lm_head: nn.Module | None,
+                 bf16: bool):
+        self.heads, self.data, self.config, self.base_lm_head, self.bf16 = heads, data, config, base_lm_head, bf16
+        self.device = next(heads.parameters()).device
+        self.weights = torch.tensor([config.loss_decay ** i for i in range(heads.num_heads)], device=self.device)
+        self.last_rows = sequence_last_rows(data) if config.soft_targets else None
+
+    def __call__(self, batch: torch.LongTensor) -> tuple[torch.Tensor, list[float]]:
+        hidden = self.data.hidden[batch].to(self.device, self.heads.dtype)
+        targets = self.data.targets[batch].to(self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            logits = self.heads(hidden)  # [num_heads, batch, vocab]
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # once for both losses and the top-1
+        losses = head_losses(log_probs, targets)
+        if self.config.soft_targets:
+            soft = soft_target_losses(log_probs, batch, self.data, self.last_rows, self.base_lm_head)
+            losses = (1 - self.config.soft_targets) * losses + self.config.soft_targets * soft
+        return (self.weights * losses).sum(), head_top1(log_probs.detach(), targets)
 
 
 @contextmanager
@@ -230,19 +239,23 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
                  config: TrainConfig | None = None, eval_every: int = 5, max_new_tokens: int = 128,
                  generation_batch_size: int = 8, do_sample: bool = False, limit: int | None = None,
                  samples_per_prompt: int = 1, temperature: float = 0.7, resume: bool = False, progress: bool = True,
-                 print_fn=print, dtype: torch.dtype = torch.float32):
+                 print_fn=print, dtype: torch.dtype = torch.float32, max_steps: int | None = None):
     """The whole recipe (module docstring) for ``model`` (an object or a Hub id / path); returns the trained
     heads and their ``Evaluation`` on the held-out prompts. Files in ``output_dir``: the heads (Medusa-1
     layout), ``checkpoint.pt``, ``cache/``, ``eval_questions.jsonl``, ``evaluation.json`` and ``tree.json``
     (the tree chosen for this machine). ``samples_per_prompt`` > 1 adds that many - 1 continuations of each
     training prompt sampled at ``temperature`` (more data from the same prompts); held-out prompts are
     continued once, as ``do_sample`` says. ``dtype``: the base model's, when it is loaded here (self-distillation
-    runs in it; the heads' weights stay float32)."""
+    runs in it; the heads' weights stay float32, their matmuls run in bfloat16 when it is bfloat16). ``max_steps``
+    stops training early. Refuses to write heads trained on nothing (no training prompt, no step)."""
     config = config or TrainConfig()
     check_samples(samples_per_prompt, temperature)
     model, tokenizer = frozen_model(model, tokenizer, dtype)
     recipe = _Recipe(model, tokenizer, Path(output_dir), prompts_path, eval_every, limit, max_new_tokens,
                      generation_batch_size, config.num_heads, progress, print_fn)
+    if not recipe.prompts["train"]:
+        raise ValueError(f"No heads written: no training prompts ({recipe.data.split}). Give more prompts, or hold "
+                         "out fewer (a larger eval_every).")
     train = recipe.hidden_states("train", do_sample, samples_per_prompt, temperature, config.seed)
     held_out = recipe.hidden_states("eval", do_sample, seed=config.seed)
     print_fn(f"{len(train)} training positions, {len(held_out)} held-out positions")
@@ -251,8 +264,11 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
     heads = MedusaHeads.for_model(model, config.num_heads, config.num_layers, shared_lm_head=True).float()
     if not config.shared_lm_head:  # each head's lm_head starts as the base model's, as upstream's training does
         heads = heads.with_own_lm_heads()
-    train_heads(heads, train, config, recipe.output_dir, resume=resume, progress=progress,
-                base_lm_head=model.get_output_embeddings())
+    log = train_heads(heads, train, config, recipe.output_dir, resume=resume, progress=progress,
+                      base_lm_head=model.get_output_embeddings(), dtype=model.dtype, max_steps=max_steps)
+    if not log:
+        raise ValueError(f"No heads written: 0 training steps on {len(train)} training positions "
+                         f"({recipe.data.split}).")
     heads.save_pretrained(recipe.output_dir)
     return heads, recipe.evaluate(heads, held_out)
 

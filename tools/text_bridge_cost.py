@@ -1,6 +1,6 @@
 """Micro-benchmark: the tokenizer work a draft with another tokenizer adds to each step.
 
-    python -m hf_spec.bench.text_bridge --target PATH_OR_ID --draft PATH_OR_ID   # ~200 committed tokens, k = 5
+    python tools/text_bridge_cost.py --target PATH_OR_ID --draft PATH_OR_ID   # ~200 committed tokens, k = 5
 
 Walks a text (the Spec-Bench questions, joined) as greedy decoding with such a draft would, from --tokens
 committed target tokens on: each step converts the committed target tokens into the draft's tokens (its context),
@@ -17,8 +17,8 @@ import time
 
 from transformers import AutoTokenizer
 
-from ..draft.translation import ProposalConverter, TextBridge, common_prefix_length, decode
-from ..prompts import load_prompts
+from hf_spec.draft.translation import ProposalConverter, TextBridge, common_prefix_length, decode
+from hf_spec.prompts import load_prompts
 
 FOLLOWING = 64  # target tokens walked past --tokens
 

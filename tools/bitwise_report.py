@@ -1,6 +1,6 @@
 """Why a verified block's logits can differ in the last bit from one-token decode steps, op by op.
 
-``python -m hf_spec.bench.bitwise --model PATH --dtype bfloat16`` takes the shapes of the model's decoder layers and
+``python tools/bitwise_report.py --model PATH --dtype bfloat16`` takes the shapes of the model's decoder layers and
 output layer and, for each op a decoder runs, compares a block of k positions computed at once with the same k
 positions computed one at a time (what plain decoding does), bitwise, and times both. An op whose block result
 differs for some k makes verification differ from decoding at that k; the row-by-row time is what a
@@ -100,8 +100,8 @@ def op_reports(hidden: int, intermediate: int, heads: int, kv_heads: int, vocab:
 
 def model_logits_equal(model, context: int, ks: list[int]) -> dict[int, bool]:
     """Whether a block of k tokens verified at once gives bitwise the logits of k one-token decode steps."""
-    from ..engine.cache import new_cache
-    from ..engine.runner import CachedModel
+    from hf_spec.engine.cache import new_cache
+    from hf_spec.engine.runner import CachedModel
 
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(1)
@@ -129,7 +129,7 @@ def format_reports(reports: list[OpReport], ks: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hf_spec.bench.bitwise", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python tools/bitwise_report.py", description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a model folder or Hub id (its shapes, and the whole-model check); "
                                         "default: Qwen2.5-Coder-1.5B shapes, no model")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

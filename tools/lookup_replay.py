@@ -1,6 +1,6 @@
 """Offline: which prompt lookup ranking guesses best, on the target's own greedy answers (no timing).
 
-    python -m hf_spec.bench.lookup_replay --target PATH_OR_ID --per-category 1 --categories summarization:5,rag:5 \
+    python tools/lookup_replay.py --target PATH_OR_ID --per-category 1 --categories summarization:5,rag:5 \
         --max-new-tokens 64 --answers answers.json
 
 Each question's greedy answer is generated once (bf16; saved to, and read back from, --answers). Then the answer is
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ..lookup.matches import ranked_matches
-from ..prompts import encode, load_prompts
+from hf_spec.lookup.matches import ranked_matches
+from hf_spec.prompts import encode, load_prompts
 
 RANKINGS = ("transformers", "most recent", "hf-spec")
 
@@ -78,7 +78,8 @@ def tokens_per_step(answers: list[dict], ranking: str, max_ngram: int, num_token
 
 
 def main(argv=None) -> None:
-    from ..cli import category_counts
+    from hf_spec.commands.bench import category_counts
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--per-category", type=int, default=1)

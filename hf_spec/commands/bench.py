@@ -1,0 +1,325 @@
+"""``hf-spec bench``: tokens/s against plain generate() and transformers' assisted generation, interleaved, with
+the noise floor (``hf_spec.bench.run_bench`` does the measuring; this module reads the options, checks them before
+any model loads, and loads what the modes need)."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ..arguments import (add_dtype_option, input_file, k_list, model_source, non_negative_int, output_file,
+                         path_action, positive_float, positive_int, probability_list, resolve_dtype_option)
+from ..prompts import load_prompts
+
+NAME = "bench"
+HELP = "tokens/s against plain generate() and assisted generation"
+DRAFT_MODES = ("assisted", "draft", "auto", "stepwise", "draft+lookup")
+
+
+# -- option types ----------------------------------------------------------------------------------------------------
+
+def modes(text: str) -> list[str]:
+    """``--modes``: the known modes (``hf_spec.bench.run.mode_names``), vanilla among them."""
+    from ..bench.run import mode_names
+
+    names = [mode.strip() for mode in str(text).split(",")]
+    try:
+        mode_names(names, [1])
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--modes ")) from None
+    return names
+
+
+def category_counts(text: str) -> dict[str, int]:
+    """``--categories``: "summarization:5,rag:5" -> {"summarization": 5, "rag": 5}."""
+    counts = {}
+    for item in str(text).split(","):
+        name, _, count = item.strip().partition(":")
+        if not name or not count.strip().isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"expected CATEGORY:N pairs such as summarization:5,rag:5; got {item!r}")
+        counts[name] = int(count)
+    return counts
+
+
+def synthetic_configs(spec: str) -> tuple:
+    """``--synthetic TARGET:DRAFT`` -> the two models' configs at their named shapes (nothing built)."""
+    from ..bench.synthetic import SHAPES
+
+    names = spec.split(":")
+    if len(names) != 2 or not all(names):
+        raise ValueError("write it TARGET:DRAFT, e.g. llama-2-7b:tinyllama-1.1b.")
+    configs = []
+    for name in names:
+        if name not in SHAPES:
+            raise ValueError(f"unknown shape {name!r}; known: {', '.join(sorted(SHAPES))}.")
+        config_class, sizes = SHAPES[name]
+        configs.append(config_class(**sizes, tie_word_embeddings=False))
+    return tuple(configs)
+
+
+def synthetic_shapes(text: str) -> str:
+    """``--synthetic TARGET:DRAFT``: two of the named shapes of ``hf_spec.bench.synthetic``."""
+    try:
+        synthetic_configs(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def tree_value(text: str, trainer: str = "train-medusa"):
+    """``--tree`` / ``--eagle-tree``: a name, "auto", a JSON list of paths, or a .json file of one -> a name, "auto"
+    or a list of paths, checked. ``trainer``: the command that writes such a tree.json."""
+    from ..engine.trees import resolve_tree
+
+    if text == "auto":
+        return text
+    if not (text.startswith("[") or text.endswith(".json")):
+        resolve_tree(text)  # a name: known? (ValueError names the known ones)
+        return text
+    if text.endswith(".json") and not Path(text).is_file():
+        raise ValueError(f"no such file ({trainer} writes tree.json next to what it trains).")
+    try:
+        paths = json.loads(Path(text).read_text() if text.endswith(".json") else text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not a JSON list of paths ({error}).") from error
+    try:
+        if not isinstance(paths, list):
+            raise TypeError
+        resolve_tree([list(path) for path in paths])
+    except TypeError as error:
+        raise ValueError("a tree is a list of paths of ranks, such as [[0], [0, 0], [1]].") from error
+    return paths
+
+
+def eagle_tree_value(text: str):
+    return tree_value(text, trainer="train-eagle")
+
+
+# -- arguments -------------------------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--modes", type=modes,
+                        help="any of vanilla, assisted, draft, auto, stepwise, medusa, eagle, hf-lookup, lookup, "
+                             "draft+lookup (vanilla among them; default vanilla,assisted,draft, with --synthetic "
+                             "vanilla,draft)")
+    parser.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
+    parser.add_argument("--questions", action=path_action(input_file),
+                        help="prompts jsonl or text file (default: the Spec-Bench questions shipped with hf-spec)")
+    parser.add_argument("--per-category", type=positive_int, help="the first N questions of each category")
+    parser.add_argument("--categories", type=category_counts,
+                        help="the first N questions of these categories, e.g. summarization:5,rag:5 (the others keep "
+                             "--per-category's, or are left out without it)")
+    parser.add_argument("--limit", type=positive_int, help="at most this many questions")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--repeats", type=positive_int, default=1)
+    parser.add_argument("--warmup", type=non_negative_int, default=1,
+                        help="prompts every mode runs untimed first (default 1)")
+    parser.add_argument("--batch-size", type=positive_int, default=1, help="prompts per generate() call, left-padded")
+    parser.add_argument("--do-sample", action="store_true")
+    parser.add_argument("--temperature", type=positive_float, default=1.0)
+    add_dtype_option(parser)
+    parser.add_argument("--synthetic", metavar="TARGET:DRAFT", type=synthetic_shapes,
+                        help="random weights at named shapes (e.g. llama-2-7b:tinyllama-1.1b), no downloads")
+    parser.add_argument("--alpha", type=probability_list, default="0.5,0.8,0.95",
+                        help="--synthetic: acceptance per proposed token, each in [0, 1]")
+    parser.add_argument("--device", default="cpu", help="--synthetic: where to build the models (e.g. cuda)")
+    parser.add_argument("--prompt-length", type=positive_int, default=128, help="--synthetic: random prompt length")
+    parser.add_argument("--json", action=path_action(output_file), help="write rows, runs and costs to this file")
+    parser.add_argument("--plot", action=path_action(output_file),
+                        help="save speedup and acceptance against k to this PNG")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The models the modes compare, and the forms of the draft."""
+    model = path_action(model_source)
+    parser.add_argument("--target", action=model, help="target model (Hub id or path)")
+    parser.add_argument("--draft", action=model, help="draft model (Hub id or path), for the assisted and draft modes")
+    parser.add_argument("--draft-quantization", choices=["4bit", "8bit", "int8_weight_only"],
+                        help="also run the draft quantized: by bitsandbytes (rows draft-4bit@k / draft-8bit@k) or "
+                             "with torch's CPU int8 kernel (rows draft-int8_weight_only@k)")
+    parser.add_argument("--quantized-draft-only", action="store_true",
+                        help="run every draft mode (draft@k, stepwise, auto) and the calibration with the quantized "
+                             "draft instead, and not the full-precision one")
+    parser.add_argument("--draft-vocab-size", type=positive_int,
+                        help="the draft modes score only this many target ids (the lowest, plus eos and the "
+                             "prompt's tokens): a cheaper draft, the same output")
+    parser.add_argument("--medusa-heads", action=model, help="Medusa heads (Hub id or path), for the medusa mode")
+    parser.add_argument("--eagle-model", action=model, help="EAGLE draft (Hub id or path), for the eagle mode")
+    parser.add_argument("--eagle-nodes", type=positive_int,
+                        help="tree nodes the eagle mode verifies per step (default: auto)")
+    parser.add_argument("--eagle-tree", action=path_action(eagle_tree_value),
+                        help="the eagle mode's static tree: a name, a JSON list of paths or a .json file of one "
+                             "(train-eagle writes tree.json); default: the dynamic tree")
+    parser.add_argument("--tree", action=path_action(tree_value),
+                        help="Medusa tree: a name (default mc_sim_7b_63), \"auto\", a JSON list of paths or a .json "
+                             "file of one (train-medusa writes tree.json)")
+
+
+# -- checks: before any model loads ----------------------------------------------------------------------------------
+
+def check(args: argparse.Namespace) -> None:
+    """The modes against the models given, the synthetic shapes and device, matplotlib for --plot; the dtype is
+    resolved here (the synthetic fit check needs it)."""
+    from ..bench.report import PLOT_NEEDS
+
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(PLOT_NEEDS)  # before the benchmark runs, not after it
+    if not args.synthetic and not args.target:
+        raise ValueError("bench needs --target (or --synthetic TARGET:DRAFT)")
+    if args.modes is None:
+        args.modes = modes("vanilla,draft" if args.synthetic else "vanilla,assisted,draft")
+    if args.synthetic:
+        check_synthetic(args)
+    else:
+        check_modes(args)
+    resolve_dtype_option(args, None if args.synthetic else args.target, args.device if args.synthetic else "cpu")
+    if args.synthetic:
+        check_synthetic_fits(args)
+
+
+def check_synthetic(args: argparse.Namespace) -> None:
+    others = sorted({mode for mode in args.modes if mode not in ("vanilla", "draft")})
+    if others:
+        raise ValueError(f"--synthetic runs the modes vanilla and draft only (random weights, acceptance set by "
+                         f"--alpha); drop {', '.join(others)} from --modes")
+    try:
+        torch.device(str(args.device))
+    except RuntimeError as error:
+        raise ValueError(f"--device {args.device}: not a device ({error}).") from error
+
+
+def check_modes(args: argparse.Namespace) -> None:
+    needs_draft = [m for m in args.modes if m in DRAFT_MODES]
+    refusals = [
+        (needs_draft and not args.draft, f"the modes {', '.join(needs_draft)} need a draft model: pass --draft, or "
+                                          "leave them out of --modes."),
+        ("medusa" in args.modes and not args.medusa_heads, "the medusa mode needs Medusa heads: pass --medusa-heads."),
+        ("eagle" in args.modes and not args.eagle_model, "the eagle mode needs an EAGLE draft: pass --eagle-model."),
+        (args.eagle_nodes and "eagle" not in args.modes,
+         "--eagle-nodes sets the eagle mode's tree size: add eagle to --modes."),
+        (args.eagle_tree and "eagle" not in args.modes,
+         "--eagle-tree sets the eagle mode's static tree: add eagle to --modes."),
+        (args.eagle_tree and args.eagle_nodes, "--eagle-tree sets the nodes verified per step itself: drop --eagle-nodes."),
+        (args.draft_quantization and not args.draft, "--draft-quantization needs --draft."),
+        (args.quantized_draft_only and not args.draft_quantization,
+         "--quantized-draft-only needs --draft-quantization (the quantization to run)."),
+        (args.draft_vocab_size and not args.draft, "--draft-vocab-size needs --draft."),
+        (args.batch_size > 1 and "assisted" in args.modes,
+         "transformers' assisted generation takes one row at a time: drop the assisted mode from --modes for "
+         "--batch-size > 1."),
+    ]
+    for refused, message in refusals:
+        if refused:
+            raise ValueError(message)
+    check_eagle_tree_ranks(args.eagle_tree, args.eagle_model)
+
+
+def check_eagle_tree_ranks(tree, eagle_model: str | None) -> None:
+    """A static tree's ranks below the EAGLE draft's vocabulary, where its config.json is on disk."""
+    from ..eagle.loading import draft_vocab_size
+    from ..engine.trees import resolve_tree, validate_tree
+    from ..weights import read_json
+
+    config = Path(eagle_model or "", "config.json")
+    if tree is None or not eagle_model or not config.is_file():
+        return
+    try:
+        validate_tree(resolve_tree(tree), vocab_size=draft_vocab_size(read_json(config)))
+    except ValueError as error:
+        raise ValueError(f"--eagle-tree: {error}") from None
+
+
+def free_device_memory(device: str) -> int:
+    """Bytes free on a CUDA device (tests replace this)."""
+    return torch.cuda.mem_get_info(torch.device(device))[0]
+
+
+def check_synthetic_fits(args: argparse.Namespace) -> None:
+    """On a CUDA device, refuse up front when the planner says target + draft + KV caches do not fit in its free
+    memory (building them would end in an out-of-memory error minutes later). CPU: no check."""
+    from ..plan import GiB, plan
+
+    device = str(args.device)
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no CUDA device here.")
+    dtype = str(args.dtype).removeprefix("torch.")
+    target_config, draft_config = synthetic_configs(args.synthetic)
+    free = free_device_memory(device)
+    tokens = args.prompt_length + args.max_new_tokens
+    estimate = plan(target_config, draft_config, gpu_memory=free, max_model_len=tokens, dtype=dtype,
+                    draft_quantization=dtype)
+    needed = estimate.options[f"with {dtype} draft"]
+    if needed > free:
+        raise ValueError(f"--synthetic {args.synthetic} at {dtype} does not fit on {device}: the planner estimates "
+                         f"{needed / GiB:.2f} GiB (weights, KV caches for {tokens} tokens and runtime) and "
+                         f"{free / GiB:.2f} GiB is free. Use smaller shapes or --dtype float16.")
+
+
+# -- run -------------------------------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> int:
+    """Load what the modes need and measure; exit status 1 where an output differs from vanilla's other than at a
+    near-tie (a bug)."""
+    from ..bench import run_bench
+
+    if args.synthetic:
+        return run_synthetic(args)
+    prompts = load_prompts(args.questions, args.per_category, args.limit, args.categories)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    rows = run_bench(load_contenders(args), tokenizer, prompts=prompts, modes=args.modes, ks=args.k,
+                     max_new_tokens=args.max_new_tokens, repeats=args.repeats, do_sample=args.do_sample,
+                     temperature=args.temperature, json_path=args.json, plot_path=args.plot,
+                     batch_size=args.batch_size, warmup=args.warmup)
+    return 0 if all(r["other_differences"] == 0 for r in rows) else 1
+
+
+def load_contenders(args: argparse.Namespace):
+    """The target and what each mode needs, loaded in ``args.dtype``."""
+    from ..bench.run import Contenders
+    from ..draft.loading import resolve_draft
+    from ..eagle import load_eagle_draft
+    from ..medusa import load_medusa_heads
+
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=args.dtype).eval()
+    draft = None
+    if args.draft and not args.quantized_draft_only:
+        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=args.dtype).eval()
+    heads = load_medusa_heads(args.medusa_heads, base_model=target) if args.medusa_heads else None
+    quantized = None
+    if args.draft_quantization:
+        quantized = resolve_draft(args.draft, target, draft_quantization=args.draft_quantization)
+    eagle = load_eagle_draft(args.eagle_model, target=target) if args.eagle_model else None
+    contenders = Contenders(target, draft, heads, args.tree, quantized, args.draft_quantization, args.draft_vocab_size,
+                            eagle, args.eagle_nodes or "auto", args.eagle_tree or "dynamic")
+    if args.quantized_draft_only:  # every draft mode, and the calibration, with the quantized draft
+        contenders.draft, contenders.quantized_draft, contenders.quantization = quantized, None, None
+        contenders.draft_quantization = args.draft_quantization
+    return contenders
+
+
+def run_synthetic(args: argparse.Namespace) -> int:
+    """Random weights at named shapes on ``--device``, random prompts, acceptance set by ``--alpha``."""
+    from ..bench import run_bench
+    from ..bench.run import Contenders
+    from ..bench.synthetic import random_model
+    from ..prompts import Prompt
+
+    target_shape, draft_shape = args.synthetic.split(":")
+    target = random_model(target_shape, args.device, args.dtype)
+    draft = random_model(draft_shape, args.device, args.dtype, seed=1)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    count = args.limit or 4
+    prompts = [Prompt(f"random-{i}", "random", "") for i in range(count)]
+    encoded = [{"input_ids": torch.randint(vocab, (1, args.prompt_length), generator=generator).to(args.device)}
+               for _ in range(count)]
+    run_bench(Contenders(target, draft), None, prompts=prompts, modes=args.modes, ks=args.k, max_new_tokens=args.max_new_tokens, repeats=args.repeats, encoded=encoded, alphas=args.alpha,
+              json_path=args.json, plot_path=args.plot, warmup=args.warmup)
+    return 0

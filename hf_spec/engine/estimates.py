@@ -1,0 +1,124 @@
+"""What "auto" schedules learn from the steps they watch: acceptance by the target's confidence
+(``ConfidenceCalibration``), by position (``PositionSurvival``), and how long answers run (``AnswerLengths``).
+Each is a running estimate with a prior and a fading memory, so it follows a new pair or a new text."""
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+
+
+class ConfidenceCalibration:
+    """P(a proposal is accepted | a score in [0, 1]), by bin of the score: by default the target's confidence
+    where the proposal is judged; with ``PREDICTION_EDGES``, the acceptance "auto" predicted for the step.
+
+    Each bin holds pseudo-counts (accepted, seen): a prior of ``prior_weight`` steps at the bin's middle, then
+    observations; a bin keeps at most ``memory`` of them (older ones fade), so it follows a new pair or text.
+    """
+
+    EDGES = (0.3, 0.5, 0.7, 0.85, 0.95, 0.99)
+    PREDICTION_EDGES = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
+
+    def __init__(self, prior_weight: float = 2.0, memory: float = 200.0, edges: tuple[float, ...] = EDGES):
+        self.edges = edges
+        bounds = (0.0, *edges, 1.0)
+        middles = [(lo + hi) / 2 for lo, hi in zip(bounds, bounds[1:])]
+        self.accepted = [m * prior_weight for m in middles]
+        self.seen = [prior_weight] * len(middles)
+        self.memory = memory
+
+    def _bin(self, confidence: float) -> int:
+        return bisect.bisect_right(self.edges, confidence)
+
+    @classmethod
+    def of_predictions(cls) -> "ConfidenceCalibration":
+        """Bins of the acceptance "auto" predicted for a step: what such steps realised."""
+        return cls(edges=cls.PREDICTION_EDGES)
+
+    def rate(self, confidence: float) -> float:
+        b = self._bin(confidence)
+        return self.accepted[b] / self.seen[b]
+
+    def optimistic_rate(self, confidence: float) -> float:
+        """The rate plus one standard error (prior included; at most 1): a bin with a short record is taken
+        at better than its mean, so one unlucky step does not end speculation there. A bin whose optimistic
+        rate says "plain" gets no new observations, so that verdict stands."""
+        rate = self.rate(confidence)
+        return min(rate + math.sqrt(rate * (1 - rate) / self.seen[self._bin(confidence)]), 1.0)
+
+    def update(self, confidence: float, accepted: bool) -> None:
+        count_with_fading(self.accepted, self.seen, self._bin(confidence), accepted, self.memory)
+
+
+def count_with_fading(accepted: list[float], seen: list[float], i: int, hit: bool, memory: float) -> None:
+    """Add one observation to pseudo-counts ``accepted[i]`` / ``seen[i]``; once ``seen[i]`` reaches ``memory``, older
+    ones fade so that it stays there (the estimate follows a new pair or text)."""
+    if seen[i] >= memory:
+        fade = (memory - 1) / seen[i]
+        accepted[i] *= fade
+        seen[i] *= fade
+    accepted[i] += float(hit)
+    seen[i] += 1.0
+
+
+class AnswerLengths:
+    """The number of tokens recent calls made, to expect how many lie ahead of a call that has made some: the mean,
+    over the earlier calls that went past that point, of what they made beyond it (within what this call may
+    still add). ``begin()`` opens a call's entry and ``record()`` keeps it current, so a call that stops early
+    (end of sequence, a stopping criterion, an exception) counts as far as it got."""
+
+    def __init__(self, memory: int = 64):
+        self.finished: deque[int] = deque(maxlen=memory)
+        self.current: int | None = None
+
+    def begin(self) -> None:
+        if self.current is not None:
+            self.finished.append(self.current)
+        self.current = 0
+
+    def record(self, made: int) -> None:
+        self.current = made
+
+    def expected_ahead(self, made: int, remaining: int) -> float | None:
+        """Tokens to expect beyond ``made``; None when no earlier call went past it."""
+        beyond = [min(length - made, remaining) for length in self.finished if length > made]
+        return sum(beyond) / len(beyond) if beyond else None
+
+
+class PositionSurvival:
+    """How many tokens a step proposing n tokens should bring, from the acceptance by position realised so far:
+    a_i = P(proposal i is accepted | the i - 1 before it were, and it was proposed), pseudo-counts with a prior of
+    ``prior`` over ``prior_weight`` steps, fading after ``memory`` observations; E(n) = 1 + s_1 + ... + s_n with
+    s_i = a_1 ... a_i. For a tree whose first nodes are its best chain (prompt lookup's trie), position i is
+    accepted when the accepted path is at least i deep."""
+
+    def __init__(self, prior: float = 0.5, prior_weight: float = 2.0, memory: float = 200.0):
+        self.prior, self.prior_weight, self.memory = prior, prior_weight, memory
+        self.accepted: list[float] = []
+        self.seen: list[float] = []
+
+    def _grow(self, positions: int) -> None:
+        while len(self.seen) < positions:
+            self.accepted.append(self.prior * self.prior_weight)
+            self.seen.append(self.prior_weight)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """One row's step: ``proposed`` tokens (or nodes), ``accepted`` of them along the path it kept."""
+        judged = min(proposed, accepted + 1)  # positions 1..accepted + 1 were judged
+        self._grow(judged)
+        for i in range(judged):
+            count_with_fading(self.accepted, self.seen, i, i < accepted, self.memory)
+
+    def expected(self, max_positions: int, optimistic: bool = False) -> list[float]:
+        """E(n) for n = 0 .. max_positions; ``optimistic``: each a_i one standard error higher (at most 1), so that a
+        position with a short record is taken at better than its mean (and gets tried, where a choice between
+        proposers would otherwise never observe it again)."""
+        self._grow(max_positions)
+        expected, survival = [1.0], 1.0
+        for i in range(max_positions):
+            rate = self.accepted[i] / self.seen[i]
+            if optimistic:
+                rate = min(rate + math.sqrt(rate * (1 - rate) / self.seen[i]), 1.0)
+            survival *= rate
+            expected.append(expected[-1] + survival)
+        return expected

@@ -1,0 +1,48 @@
+"""``num_speculative_tokens="auto"`` for prompt lookup: how many nodes of each row's trie to verify, from the
+acceptance by position that matches of its length have realised."""
+from __future__ import annotations
+
+from ..engine.auto import AutoNodes, ProbeCadence
+from ..engine.costs import Costs, best_tree_size
+from ..engine.estimates import PositionSurvival
+
+
+class MatchSurvival:
+    """``PositionSurvival`` by class of a lookup match's length (1, 2-3, 4 or more tokens of agreement with the text
+    before it: a longer agreement is a surer copy, so the classes realise very different acceptance)."""
+
+    CLASSES = 3
+
+    def __init__(self):
+        self.by_class: dict[int, PositionSurvival] = {}
+
+    def __getitem__(self, match_length: int) -> PositionSurvival:
+        """The survival of matches of this length's class."""
+        return self.by_class.setdefault(min(match_length.bit_length(), self.CLASSES), PositionSurvival())
+
+    def classes(self) -> list[PositionSurvival]:
+        return [self[2 ** c - 1] for c in range(1, self.CLASSES + 1)]
+
+
+class AutoLookup(AutoNodes):
+    """``num_speculative_tokens="auto"`` for prompt lookup: each row's tree gets the n nodes (0 = none) that
+    maximise E(n) / (H + V(n + 1)) for its match (``nodes_for``; E from the acceptance by position that matches of
+    its length's class realised, ``MatchSurvival``; H the lookup's measured time, V the target's verify cost by
+    width). The step's k caps them: the best size for the most promising class, up to ``max_nodes``. As
+    ``AutoTree``: plain decoding first measures V(1), then the largest size until a step has proposed; while
+    plain decoding wins for every class, probe steps (at least one node a row) keep the estimates current."""
+
+    def __init__(self, costs: Costs, survival: MatchSurvival, max_nodes: int = 20,
+                 cadence: ProbeCadence | None = None):
+        super().__init__(costs, survival, max_nodes, cadence)
+
+    def expected(self) -> list[float]:
+        """E(n) of the most promising class, for each n."""
+        curves = [survival.expected(self.max_nodes) for survival in self.estimate.classes()]
+        return [max(values) for values in zip(*curves)]
+
+    def nodes_for(self, match_length: int, cap: int) -> int:
+        """The nodes to verify for a row whose best match is ``match_length`` tokens long, at most ``cap``."""
+        if not self.measured():
+            return cap
+        return best_tree_size(self.estimate[match_length].expected(cap), self.costs, min(int(self.probing), cap))

@@ -1,0 +1,114 @@
+"""EAGLE files read exactly as upstream wrote them, or refused by name: keys no upstream layout has, speculators'
+attention window, errors that spell keys as the file does, static trees that rank beyond the draft's vocabulary."""
+import pytest
+import torch
+
+from hf_spec.eagle import load_eagle_draft
+from hf_spec.eagle.loading import sliding_window
+from hf_spec.eagle.proposer import EagleProposer
+from hf_spec.testing import tiny_causal_lm
+
+from test_eagle import DRAFT_VOCAB, H, LAYOUTS, write
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_causal_lm("llama", seed=0, hidden_size=H)
+
+
+def speculators(**layer) -> tuple[dict, dict]:
+    config, state, _ = LAYOUTS["speculators"]()
+    config = dict(config, transformer_layer_config={**config["transformer_layer_config"], **layer})
+    return config, state
+
+
+def test_an_eagle3_fc_bias_is_refused(tmp_path, target):
+    config, state, _ = LAYOUTS["eagle3"]()
+    state = dict(state, **{"fc.bias": torch.zeros(H)})
+    with pytest.raises(ValueError, match="fc.bias, which no EAGLE-3 layout has"):
+        load_eagle_draft(write(tmp_path / "biased", config, state), target=target)
+
+
+def test_speculators_errors_name_the_files_own_keys(tmp_path, target):
+    config, state = speculators()
+    del state["layers.0.hidden_norm.weight"]
+    state["layers.0.extra.weight"] = torch.zeros(3)
+    with pytest.raises(ValueError, match=r"missing \['layers.0.hidden_norm.weight'\], unexpected "
+                                         r"\['layers.0.extra.weight'\]"):
+        load_eagle_draft(write(tmp_path / "renamed", config, state), target=target)
+
+
+@pytest.mark.parametrize("layer, window", [
+    ({}, None), ({"sliding_window": 2048, "use_sliding_window": False}, None),
+    ({"sliding_window": 2048, "use_sliding_window": True}, 2048), ({"sliding_window": 16}, 16),
+    ({"sliding_window": 16, "layer_types": ["full_attention"]}, None),
+    ({"sliding_window": 16, "use_sliding_window": True, "layer_types": ["sliding_attention"]}, 16),
+])
+def test_the_window_is_read_as_transformers_reads_a_layer(layer, window):
+    assert sliding_window(layer) == window
+
+
+def test_a_window_without_a_size_is_refused():
+    with pytest.raises(ValueError, match="sliding_window is None"):
+        sliding_window({"use_sliding_window": True})
+
+
+def root_logits(draft, target, tokens: torch.LongTensor, features: torch.Tensor) -> torch.Tensor:
+    """The draft's scores for what follows ``tokens`` [1, n + 1] after catching up on entries (x[j + 1], f[j])."""
+    proposer = EagleProposer(draft, target, None)
+    proposer.advance([0], [features])
+    proposer.propose([tokens], 0, None, False, max_depth=4)  # the catch-up on the prompt, no tree
+    return proposer.last[1]
+
+
+def test_the_window_is_honoured_exactly(tmp_path, target):
+    """A draft whose layer attends within 4 tokens scores after a long context what the same draft without a window
+    scores after only its last 4 entries (rotary positions are relative), and not what it scores after all."""
+    windowed = load_eagle_draft(write(tmp_path / "window", *speculators(sliding_window=4)), target=target)
+    whole = load_eagle_draft(write(tmp_path / "whole", *speculators()), target=target)
+    assert windowed.sliding_window == 4 and whole.sliding_window is None
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(DRAFT_VOCAB, (1, 13), generator=generator)
+    features = torch.randn(12, 3 * H, generator=generator)
+    with torch.no_grad():
+        near = root_logits(windowed, target, tokens, features)
+        last_four = root_logits(whole, target, tokens[:, -5:], features[-4:])
+        everything = root_logits(whole, target, tokens, features)
+    finite = torch.isfinite(near)
+    torch.testing.assert_close(near[finite], last_four[finite], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(near[finite], everything[finite], atol=1e-3)
+
+
+def test_a_window_survives_saving(tmp_path, target):
+    from hf_spec.eagle import save_eagle_draft
+
+    windowed = load_eagle_draft(write(tmp_path / "window", *speculators(sliding_window=8)), target=target)
+    save_eagle_draft(windowed, tmp_path / "saved")
+    assert load_eagle_draft(tmp_path / "saved", target=target).sliding_window == 8
+
+
+def test_a_static_tree_ranking_beyond_the_draft_vocabulary_is_refused_at_the_door(tmp_path, target, prompt):
+    folder = write(tmp_path / "eagle3", *LAYOUTS["eagle3"]()[:2])
+    with pytest.raises(ValueError, match=f"uses rank {DRAFT_VOCAB}, but .* ranks only the {DRAFT_VOCAB} tokens"):
+        target.generate(**prompt, max_new_tokens=4, strategy="eagle", eagle_model=str(folder),
+                        tree=[[0], [DRAFT_VOCAB]])
+
+
+def test_a_file_given_for_the_draft_folder_is_named(tmp_path, target):
+    folder = write(tmp_path / "eagle3", *LAYOUTS["eagle3"]()[:2])
+    with pytest.raises(FileNotFoundError, match="is a file; pass the folder that holds it"):
+        load_eagle_draft(folder / "model.safetensors", target=target)
+
+
+def test_the_bench_refuses_such_a_tree_before_any_model_loads(tmp_path, target, capsys, monkeypatch):
+    import hf_spec.commands.bench
+    from hf_spec.cli import main
+
+    monkeypatch.setattr(hf_spec.commands.bench, "run", lambda args: pytest.fail("the benchmark started"))
+    target.save_pretrained(tmp_path / "target")
+    folder = write(tmp_path / "eagle3", *LAYOUTS["eagle3"]()[:2])
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "--target", str(tmp_path / "target"), "--modes", "vanilla,eagle", "--eagle-model", str(folder),
+              "--eagle-tree", f"[[0], [{DRAFT_VOCAB}]]"])
+    assert refused.value.code == 2
+    assert f"--eagle-tree: Tree path [{DRAFT_VOCAB}] uses rank" in capsys.readouterr().err
