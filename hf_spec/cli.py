@@ -12,10 +12,10 @@ import sys
 
 from .arguments import check_paths
 from .commands import (bench, demo, evaluate_eagle, evaluate_medusa, export_eagle, export_medusa, plan, simulate,
-                       train_eagle, train_medusa)
+                       train_eagle, train_medusa, train_pard)
 
 COMMANDS = {command.NAME: command for command in (demo, bench, plan, train_medusa, evaluate_medusa, export_medusa,
-                                                  train_eagle, evaluate_eagle, export_eagle, simulate)}
+                                                  train_eagle, evaluate_eagle, export_eagle, train_pard, simulate)}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -99,6 +99,8 @@ def test_mode_names():
     with pytest.raises(ValueError, match="must include vanilla"):
         mode_names(["draft"], [3])
     assert mode_names(["vanilla", "medusa"], [3]) == ["vanilla", "vanilla-again", "medusa"]
+    assert mode_names(["vanilla", "draft", "parallel"], [3, 8]) == [
+        "vanilla", "vanilla-again", "draft@3", "draft@8", "parallel@3", "parallel@8"]
     assert mode_names(["vanilla", "auto"], [3]) == ["vanilla", "vanilla-again", "auto"]
     assert mode_names(["vanilla", "eagle"], [3]) == ["vanilla", "vanilla-again", "eagle"]
     assert mode_names(["vanilla", "hf-lookup", "lookup", "draft+lookup"], [3]) == [
@@ -127,6 +129,24 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert any("noise floor" in line for line in lines)
     assert any("auto: k chosen per step" in line for line in lines)
+
+
+def test_chain_and_parallel_rows_with_one_draft(tmp_path):
+    """draft@k runs a parallel draft as a chain, parallel@k in one forward a step, both equal to vanilla; the
+    calibration times the draft's widths k and 2k for the parallel prediction."""
+    target = tiny_causal_lm(hidden_size=64, num_layers=2)
+    draft = perturbed_draft(target, 0.1)
+    draft.config.pard_token = 0
+    run_bench(Contenders(target, draft), char_tokenizer(), prompts=load_prompts(per_category=1, limit=2),
+              modes=["vanilla", "draft", "parallel"], ks=[2, 4], max_new_tokens=12, progress=False, warmup=0,
+              print_fn=lambda *_: None, json_path=tmp_path / "bench.json")
+    report = json.loads((tmp_path / "bench.json").read_text())
+    overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
+    assert set(overall) == {"vanilla", "vanilla-again", "draft@2", "draft@4", "parallel@2", "parallel@4"}
+    assert all(row["equal_to_vanilla"] == 1.0 for row in overall.values())
+    assert overall["parallel@4"]["predicted_speedup"] > 0 and overall["draft@4"]["predicted_speedup"] > 0
+    assert {"1", "2", "4", "8"} <= set(report["costs"]["draft"])
+    assert "parallel@2" in report["settings"]["modes"]
 
 
 def test_lookup_modes_end_to_end(tmp_path):

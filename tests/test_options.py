@@ -267,7 +267,7 @@ def test_scores_and_logits_are_plain_generates(model, draft, prompt):
 
 def test_strategy_keywords_come_from_the_callables():
     draft, medusa = strategy_keywords("draft"), strategy_keywords("medusa")
-    assert {"draft_model", "num_speculative_tokens", "draft_quantization", "assistant_model"} <= draft
+    assert {"draft_model", "num_speculative_tokens", "draft_quantization", "assistant_model", "parallel_draft"} <= draft
     assert {"medusa_heads", "tree", "acceptance", "tree_verifier"} <= medusa
     assert not {"medusa_heads", "tree"} & draft and not {"num_speculative_tokens", "draft_model"} & medusa
     assert {"token_streamer", "target_tokenizer", "stop_strings"} <= draft & medusa

@@ -2,8 +2,10 @@
 
 The target's exact joint distribution over 3 new tokens is enumerated from its logits with the same
 logits processors generate() builds; speculative sampling draws are compared with it by a chi-square
-test at false-alarm rate ALPHA. The same test must catch three deliberately wrong rules.
+test at false-alarm rate ALPHA. The same test must catch deliberately wrong rules (for each kind of proposer).
 """
+
+import copy
 
 import pytest
 import torch
@@ -249,3 +251,42 @@ def test_eagle_sampling_without_renormalisation_is_caught(pair, eagle_draft, mon
     wrong = dataclasses.replace(TORCH, sample=_no_renormalisation)
     monkeypatch.setattr(eagle_generate, "get_verifier", lambda name, device: wrong)
     assert chi_square_p_value(draw_eagle(pair[0], eagle_draft)[0], exact_joint(pair[0])) < ALPHA
+
+
+# --- parallel drafts: k proposals from one forward, each drawn from its own position's distribution ---
+
+@pytest.fixture(scope="module")
+def parallel_pair(pair):
+    target, draft = pair
+    draft = copy.deepcopy(draft)
+    draft.config.pard_token = 0  # its embedding row is zero (padding_idx): the masks predict unlike position 1
+    return target, draft
+
+
+def _one_q_for_every_position(monkeypatch):
+    """Wrong: each position's token drawn from its own distribution, but the first position's q reported for all."""
+    from hf_spec.draft.parallel import ParallelDraftProposer
+
+    original = ParallelDraftProposer._choose
+
+    def choose(self, logits, prefixes, processors, do_sample, device):
+        proposal = original(self, logits, prefixes, processors, do_sample, device)
+        proposal.probs = proposal.probs[:, :1].expand_as(proposal.probs).contiguous()
+        return proposal
+
+    monkeypatch.setattr(ParallelDraftProposer, "_choose", choose)
+
+
+def test_parallel_draft_sampling_recovers_the_target_distribution(parallel_pair):
+    samples, acceptance_rate = draw(parallel_pair, k=2)
+    assert chi_square_p_value(samples, exact_joint(parallel_pair[0])) > ALPHA
+    assert 0.2 < acceptance_rate < 0.95
+
+
+@pytest.mark.parametrize("wrong_rule", ["one q for every position", "draft before processors"])
+def test_parallel_draft_wrong_rules_are_caught(parallel_pair, monkeypatch, wrong_rule):
+    if wrong_rule == "one q for every position":
+        _one_q_for_every_position(monkeypatch)
+    else:
+        _draft_q_before_processors(monkeypatch)
+    assert chi_square_p_value(draw(parallel_pair, k=2)[0], exact_joint(parallel_pair[0])) < ALPHA

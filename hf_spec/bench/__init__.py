@@ -36,10 +36,12 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         generation_kwargs["temperature"] = temperature
     prompt_length = round(statistics.mean(inputs["input_ids"].shape[1] for inputs in encoded))
     costs = None
-    if calibrate_costs and any(name.startswith(("draft@", "medusa")) for name in names):
+    if calibrate_costs and any(name.startswith(("draft@", "parallel@", "medusa")) for name in names):
         widths = [k + 1 for k in ks] + ([tree_nodes + 1] if tree_nodes else [])
+        # a parallel draft's forward at k: the k - 1 masks and 1 to k + 1 tokens it lacks (interpolated between)
+        parallel = [w for k in ks for w in (k, 2 * k)] if any(n.startswith("parallel@") for n in names) else []
         costs = calibrate(contenders.target, contenders.draft, prompt_length, max_new_tokens, widths,
-                          draft_head=draft_head(contenders))
+                          draft_head=draft_head(contenders), draft_widths=parallel)
     references = None
     if alphas:  # the target's own greedy continuations, for the controlled proposer (untimed)
         references = [contenders.target.generate(**inputs, **generation_kwargs) for inputs in encoded]
@@ -70,7 +72,8 @@ def check_contenders(contenders: Contenders, names: list[str], batch_size: int) 
     if batch_size > 1 and any(n.startswith("assisted@") for n in names):
         raise ValueError("transformers' assisted generation takes one row at a time: drop the assisted mode "
                          "for --batch-size > 1.")
-    if any(n.startswith(("assisted@", "draft", "auto", "stepwise")) for n in names) and contenders.draft is None:
+    if any(n.startswith(("assisted@", "draft", "parallel@", "auto", "stepwise")) for n in names) and \
+            contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
     if "eagle" in names and contenders.eagle_model is None:
         raise ValueError("The eagle mode needs an EAGLE draft (--eagle-model).")

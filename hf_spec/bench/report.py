@@ -6,7 +6,7 @@ import json
 import statistics
 from dataclasses import asdict
 
-from ..engine.costs import FORMULA, TREE_FORMULA, Costs, predicted_speedup, predicted_tree_speedup
+from ..engine.costs import FORMULA, PARALLEL_FORMULA, TREE_FORMULA, Costs, predicted_speedup, predicted_tree_speedup
 from .run import Run
 
 
@@ -49,12 +49,12 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
         total, prefill = sum(s["total_s"] for s in stats), sum(s["prefill_s"] for s in stats)
         survival = _survival(stats)
         tokens_per_step = sum(s["accepted"] + s["bonus"] for s in stats) / sum(s["steps"] for s in stats)
-        if costs is None or not mode.startswith(("draft@", "medusa")):  # fixed k or tree only; the calibration
-            predicted = None  # times the full-precision draft
+        if costs is None or not mode.startswith(("draft@", "parallel@", "medusa")):  # fixed k or tree only; the
+            predicted = None  # calibration times the full-precision draft
         elif mode == "medusa":
             predicted = tree_nodes and predicted_tree_speedup(costs, tokens_per_step, tree_nodes, new_tokens)
         else:
-            predicted = predicted_speedup(costs, survival, new_tokens)
+            predicted = predicted_speedup(costs, survival, new_tokens, parallel=mode.startswith("parallel@"))
         row.update(
             acceptance_rate=accepted / proposed if proposed else 0.0,
             tokens_per_step=tokens_per_step,
@@ -122,6 +122,8 @@ def format_report(rows: list[dict], costs: Costs | None) -> str:
         parts.append(FORMULA)
         if any(r["mode"] == "medusa" for r in rows):
             parts.append(TREE_FORMULA)
+        if any(r["mode"].startswith("parallel@") for r in rows):
+            parts.append(PARALLEL_FORMULA)
         parts.append("costs (s): c_t " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.verify.items())
                      + "; c_d " + ", ".join(f"{w}:{s:.3f}" for w, s in costs.draft.items())
                      + f"; prefill target {costs.target_prefill:.3f}, draft {costs.draft_prefill:.3f}")

@@ -2,7 +2,9 @@
 
 Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
 itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
-``draft@k``, ``auto`` and ``stepwise`` (num_speculative_tokens="auto" / "stepwise"), ``medusa`` and ``eagle``;
+``draft@k`` (the draft as a chain: ``parallel_draft=False``), ``parallel@k`` (the same draft proposing k tokens from
+one forward: ``parallel_draft=True``, a draft with ``pard_token``), ``auto`` and ``stepwise``
+(num_speculative_tokens="auto" / "stepwise"; a parallel draft proposes in parallel), ``medusa`` and ``eagle``;
 ``hf-lookup`` (transformers' prompt lookup, ``prompt_lookup_num_tokens=10``), ``lookup`` (strategy="prompt_lookup",
 "auto" nodes) and ``draft+lookup@k`` (the draft at k beside prompt lookup).
 """
@@ -62,15 +64,15 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += ["vanilla", "vanilla-again"]
         elif mode == "draft" and alphas:
             names += [f"draft@{k}~{alpha}" for alpha in alphas for k in ks]
-        elif mode in ("assisted", "draft", "draft+lookup"):
+        elif mode in ("assisted", "draft", "parallel", "draft+lookup"):
             names += [f"{mode}@{k}" for k in ks]
             if mode == "draft" and quantization:
                 names += [f"draft-{quantization}@{k}" for k in ks]
         elif mode in ("medusa", "eagle", "auto", "stepwise", "hf-lookup", "lookup"):
             names.append(mode)
         else:
-            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, auto, stepwise, medusa, "
-                             "eagle, hf-lookup, lookup, draft+lookup.")
+            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, parallel, auto, stepwise, "
+                             "medusa, eagle, hf-lookup, lookup, draft+lookup.")
     if "vanilla" not in names:
         raise ValueError("--modes must include vanilla: every speedup is measured against it.")
     return names
@@ -105,10 +107,10 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     elif mode.startswith("draft+lookup@"):
         kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=int(mode.split("@")[1]),
                       draft_vocab_size=contenders.draft_vocab_size, prompt_lookup=True)
-    elif mode.startswith("draft"):
+    elif mode.startswith(("draft", "parallel@")):
         draft = contenders.quantized_draft if mode.startswith("draft-") else contenders.draft
         kwargs.update(strategy="draft", draft_model=draft, num_speculative_tokens=int(mode.split("@")[1]),
-                      draft_vocab_size=contenders.draft_vocab_size)
+                      draft_vocab_size=contenders.draft_vocab_size, parallel_draft=mode.startswith("parallel@"))
     elif mode == "medusa":
         kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
     elif mode == "eagle":
@@ -120,7 +122,8 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     start = time.perf_counter()
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
-    stats = last_stats().to_dict() if mode.startswith(("draft", "medusa", "eagle", "auto", "stepwise", "lookup")) \
+    stats = last_stats().to_dict() if mode.startswith(("draft", "parallel", "medusa", "eagle", "auto", "stepwise",
+                                                       "lookup")) \
         else None
     return (out.sequences, seconds, stats, out.scores) if keep_scores else (out, seconds, stats, None)
 

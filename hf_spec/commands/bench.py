@@ -17,7 +17,7 @@ from ..prompts import load_prompts
 
 NAME = "bench"
 HELP = "tokens/s against plain generate() and assisted generation"
-DRAFT_MODES = ("assisted", "draft", "auto", "stepwise", "draft+lookup")
+DRAFT_MODES = ("assisted", "draft", "parallel", "auto", "stepwise", "draft+lookup")
 
 
 # -- option types ----------------------------------------------------------------------------------------------------
@@ -104,9 +104,10 @@ def eagle_tree_value(text: str):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--modes", type=modes,
-                        help="any of vanilla, assisted, draft, auto, stepwise, medusa, eagle, hf-lookup, lookup, "
-                             "draft+lookup (vanilla among them; default vanilla,assisted,draft, with --synthetic "
-                             "vanilla,draft)")
+                        help="any of vanilla, assisted, draft, parallel, auto, stepwise, medusa, eagle, hf-lookup, "
+                             "lookup, draft+lookup (vanilla among them; default vanilla,assisted,draft, with "
+                             "--synthetic vanilla,draft); draft@k runs the draft as a chain, parallel@k a parallel "
+                             "draft (pard_token in its config) proposing k tokens from one forward")
     parser.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
     parser.add_argument("--questions", action=path_action(input_file),
                         help="prompts jsonl or text file (default: the Spec-Bench questions shipped with hf-spec)")

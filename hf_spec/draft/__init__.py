@@ -2,6 +2,8 @@
 from .cross_tokenizer import CrossTokenizerProposer
 from .generate import draft_schedule, generate
 from .loading import resolve_draft
+from .parallel import ParallelDraftProposer
 from .proposer import DraftModelProposer
 
-__all__ = ["CrossTokenizerProposer", "DraftModelProposer", "draft_schedule", "generate", "resolve_draft"]
+__all__ = ["CrossTokenizerProposer", "DraftModelProposer", "ParallelDraftProposer", "draft_schedule", "generate",
+           "resolve_draft"]

@@ -21,6 +21,7 @@ from ..token_map import TokenMap
 from .cross_tokenizer import CrossTokenizerProposer
 from .forms import AUTO, cheaper_vocab_size, is_auto
 from .loading import ResolvedDraft, resolve_draft_and_tokenizers
+from .parallel import ParallelDraftProposer, ParallelLength, uses_parallel_drafting
 from .proposer import DraftModelProposer
 
 LENGTH = SpeculationLength("draft", "draft tokens proposed per step (one chain)", default=5,
@@ -32,7 +33,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
              draft_model=None, num_speculative_tokens: int | str = LENGTH.default, draft_quantization=AUTO,
              cache_costs: bool = True, token_streamer=None, stop_strings=None, target_tokenizer=None,
              draft_tokenizer=None, revision: str | None = None, token=None, draft_vocab_size: int | str | None = AUTO,
-             prompt_lookup: bool = False, **model_kwargs):
+             prompt_lookup: bool = False, parallel_draft: bool | None = None, **model_kwargs):
     """Speculative decoding with a draft model, for ``model.generate(custom_generate=...)``.
 
     draft_model: a model object, a Hub id or a local path. A draft with another tokenizer needs both tokenizers
@@ -54,6 +55,9 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     earlier match of each row's last tokens (``prompt_lookup_num_tokens``, default 10, ``max_matching_ngram_size``,
     default 2; with "auto", as many as the lookup's realised acceptance pays for) alone, the draft's proposals
     alone, or (greedy) both in one tree, whichever the realised acceptance and measured times say is fastest.
+    parallel_draft: a parallel draft (PARD: ``pard_token`` in its config) proposes its k tokens from one forward
+    (``hf_spec.draft.parallel``). None (default): detected from the config; False: the ordinary chain of k forwards;
+    True: refused for a draft without the token.
     token_streamer, target_tokenizer, draft_tokenizer: what ``generate()`` calls ``streamer``, ``tokenizer``
     and ``assistant_tokenizer`` (``strategy=`` renames them: transformers does not hand those to
     custom_generate callables). ``stop_strings`` need ``target_tokenizer``; the two tokenizers, when
@@ -70,12 +74,14 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
                                          target_tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer,
                                          draft_quantization=draft_quantization)
     draft_vocab_size, vocabulary = vocab_choice(draft, draft_vocab_size)
-    proposer = draft_proposer(draft, call, draft_vocab_size)
-    schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs)
+    parallel = uses_parallel_drafting(draft.model, parallel_draft, same_tokenizer=draft.tokenizers is None)
+    proposer = draft_proposer(draft, call, draft_vocab_size, parallel)
+    schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs, parallel)
     if prompt_lookup:
         proposer, schedule = beside_prompt_lookup(proposer, schedule, call, draft.model, num_speculative_tokens,
                                                   cache_costs)
-    return speculative_generate(call, proposer, schedule, choices={"draft form": f"{draft.weights}; {vocabulary}"})
+    form = f"{draft.weights}; {vocabulary}" + ("; parallel: k proposals from one forward" if parallel else "")
+    return speculative_generate(call, proposer, schedule, choices={"draft form": form})
 
 
 _VOCAB_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> (size, why), once per draft
@@ -96,11 +102,13 @@ def vocab_choice(draft: ResolvedDraft, requested) -> tuple[int | None, str]:
     return _VOCAB_CHOICES[draft.model]
 
 
-def draft_proposer(draft: ResolvedDraft, call: DecodingCall, draft_vocab_size: int | None):
-    """The draft's proposer: on the target's token ids where the two share a tokenizer, else across tokenizers."""
+def draft_proposer(draft: ResolvedDraft, call: DecodingCall, draft_vocab_size: int | None, parallel: bool = False):
+    """The draft's proposer: on the target's token ids where the two share a tokenizer (``parallel``: k tokens from
+    one forward), else across tokenizers."""
     if draft.tokenizers is None:
         token_map = draft_token_map(draft_vocab_size, draft.model, call.input_ids, call.generation_config)
-        return DraftModelProposer(draft.model, call.padding_mask, call.batch_size, token_map)
+        proposer = ParallelDraftProposer if parallel else DraftModelProposer
+        return proposer(draft.model, call.padding_mask, call.batch_size, token_map)
     if draft_vocab_size is not None:
         raise ValueError("draft_vocab_size restricts a draft to target ids, so it needs a draft with the target's "
                          "tokenizer; drop draft_vocab_size= for a draft with another tokenizer.")
@@ -121,12 +129,14 @@ def draft_token_map(draft_vocab_size: int | None, draft, input_ids: torch.LongTe
 
 
 def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = False,
-                   cache_costs: bool = True) -> Schedule:
+                   cache_costs: bool = True, parallel: bool = False) -> Schedule:
     """The schedule of k for ``num_speculative_tokens`` (``LENGTH``): an int >= 1, "stepwise" or "auto" (costs and
-    calibrations kept for this pair unless ``cache_costs=False``)."""
+    calibrations kept for this pair unless ``cache_costs=False``; ``parallel``: a parallel draft's, a step priced as
+    one forward, kept apart from the same draft's as a chain)."""
     def auto() -> AutoLength:
-        memory = pair_memory(target, draft, cache_costs)
-        return AutoLength(memory.costs, memory.calibration_for(do_sample),
+        memory = pair_memory(target, draft, cache_costs, variant="parallel" if parallel else "")
+        length = ParallelLength if parallel else AutoLength
+        return length(memory.costs, memory.calibration_for(do_sample),
                           draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
                           realised=memory.realised_for(do_sample), lengths=memory.answer_lengths)
 

@@ -40,13 +40,8 @@ class DraftModelProposer:
         if k == 0:
             return Proposal(tokens=rows[0].new_empty(len(rows), 0), probs=None)
         prefixes = [row.to(self.draft.device) for row in rows]
-        missing = [prefix[0, covered:] for prefix, covered in zip(prefixes, self.covered)]
-        width = max(len(m) for m in missing)
-        feed = torch.stack([torch.cat([m.new_zeros(width - len(m)), m]) for m in missing])  # holes in front
-        valid = torch.stack([self._catch_up_validity(width, len(m), covered, pads)
-                             for m, covered, pads in zip(missing, self.covered, self.pads)])
-        self._pending = (self.draft.length, width, [len(m) for m in missing], [p.shape[1] for p in prefixes],
-                         k)
+        feed, valid, counts = self._catch_up(prefixes)
+        self._pending = (self.draft.length, feed.shape[1], counts, [p.shape[1] for p in prefixes], k)
         logits = self.draft.forward(feed, logits_to_keep=1, valid=valid).logits[:, -1].float()  # [batch, vocab]
         probs = []
         for i in range(k):
@@ -59,6 +54,17 @@ class DraftModelProposer:
                 logits = self.draft.forward(step_tokens, logits_to_keep=1).logits[:, -1].float()
         tokens = torch.cat([prefix[:, -k:] for prefix in prefixes]).to(target_device)
         return Proposal(tokens=tokens, probs=torch.stack(probs, dim=1).to(target_device) if do_sample else None)
+
+    def _catch_up(self, prefixes: list[torch.LongTensor]) -> tuple[torch.LongTensor, torch.BoolTensor, list[int]]:
+        """The committed tokens each row's cache lacks, as one block [batch, width] with holes in front of the rows
+        that lack fewer, its validity [batch, width], and each row's count; e.g. rows lacking [a] and [b, c] ->
+        [[0, a], [b, c]], [[False, True], [True, True]], [1, 2]."""
+        missing = [prefix[0, covered:] for prefix, covered in zip(prefixes, self.covered)]
+        width = max(len(m) for m in missing)
+        feed = torch.stack([torch.cat([m.new_zeros(width - len(m)), m]) for m in missing])  # holes in front
+        valid = torch.stack([self._catch_up_validity(width, len(m), covered, pads)
+                             for m, covered, pads in zip(missing, self.covered, self.pads)])
+        return feed, valid, [len(m) for m in missing]
 
     @staticmethod
     def _catch_up_validity(width: int, count: int, covered: int, pads: int) -> torch.BoolTensor:

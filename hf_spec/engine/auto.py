@@ -2,8 +2,9 @@
 
 "auto" for a chain (``AutoLength``): each step picks the k in 0..max_k that maximises expected tokens per second,
   E(k) / (D(k) + V(k + 1)) with E(k) = 1 + a + a^2 + ... + a^k (``hf_spec.engine.costs``), where V(w) is the
-  target's measured time to verify w tokens, D(k) = k x the draft's measured time per token, and a the
-  acceptance predicted for the next tokens. k = 0 is plain decoding (rate 1 / V(1)).
+  target's measured time to verify w tokens, D(k) = k x the draft's measured time per token (``draft_step_cost``:
+  a parallel draft's is one forward, ``hf_spec.draft.parallel.ParallelLength``), and a the acceptance predicted for
+  the next tokens. k = 0 is plain decoding (rate 1 / V(1)).
 
 Where "auto" gets a while it decodes plainly: from the target itself. Every step already has the target's
 distribution at each committed token; its confidence (the top probability, after the user's logits
@@ -90,11 +91,15 @@ class AutoLength(Schedule):
         a = self.expected_acceptance()
         return [a ** i for i in range(1, k + 1)]
 
+    def draft_step_cost(self, k: int) -> float:
+        """D(k), the draft's time to propose k tokens: k forwards of one token."""
+        return k * self.draft_token_cost()
+
     def expected_rate(self, k: int) -> float:
         """Expected tokens per second with k proposals (k = 0: plain decoding)."""
         if k == 0:
             return 1.0 / self.costs.verify_cost(1)
-        step = k * self.draft_token_cost() + self.costs.verify_cost(k + 1)
+        step = self.draft_step_cost(k) + self.costs.verify_cost(k + 1)
         return expected_tokens_per_step(self.survival(k)) / step
 
     def best_k(self) -> int:
@@ -112,26 +117,35 @@ class AutoLength(Schedule):
         saved_per_token = 1.0 / self.expected_rate(0) - 1.0 / self.expected_rate(k)
         return saved_per_token * self.tokens_ahead() > self.catch_up_cost(self.behind - 1)
 
+    def draft_measured(self) -> bool:
+        """Whether the draft's costs are known: its catch-up on skipped tokens and its time per token."""
+        return self.costs.draft_token is not None and self.costs.catch_up_token is not None
+
     def next(self) -> int:
         self.predicted_for_step = self.acceptance
         if 1 not in self.costs.verify:
             return 0  # measure plain decoding first
-        if self.costs.draft_token is None or self.costs.catch_up_token is None:
+        if not self.draft_measured():
             return self.first_k  # then, once per pair, the draft's catch-up on the prompt and its cost per token
         k = self.best_k()
         if k > 0 and self.behind > 1 and not self.worth_catching_up(k):
             return 0
         return k
 
+    def observe_draft(self, k: int, propose_s: float) -> None:
+        """The draft's time for a step of k proposals: its time per token or, where it also fed the tokens it had
+        skipped (a prefill, not k proposals), its time per skipped token."""
+        if self.behind > 1:
+            catch_up = propose_s - k * self.draft_token_cost()
+            self.costs.observe_catch_up(max(catch_up, 0.0) / (self.behind - 1))
+        else:
+            self.costs.observe_draft_token(propose_s / k)
+
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         self.costs.observe_verify(k + 1, verify_s)
         if k > 0:
-            if self.behind > 1:  # the draft also fed the tokens it had skipped: a prefill, not k proposals
-                catch_up = propose_s - k * self.draft_token_cost()
-                self.costs.observe_catch_up(max(catch_up, 0.0) / (self.behind - 1))
-            else:
-                self.costs.observe_draft_token(propose_s / k)
+            self.observe_draft(k, propose_s)
             for row_accepted, row_confidence in zip(accepted, confidence):
                 for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
                     self.calibration.update(row_confidence[i], i < row_accepted)

@@ -13,6 +13,8 @@ each proposal is accepted with probability a). For a chain of k proposals:
                          speculative: P_t + P_d + (N / E(k)) (D(k) + V(k + 1))
 
 with P_t, P_d the prefill times of target and draft; predicted speedup = plain time / speculative time.
+A parallel draft proposes its k tokens in one forward over the tokens it lacks (the last step's accepted proposals
+and bonus token: E(k) on average) and k - 1 mask tokens: D(k) = c_d(round(E(k)) + k - 1), measured by width.
 A tree of n nodes from a proposer on the target (Medusa heads) costs H + c_t(n + 1) per step, H the heads'
 time, and no draft prefill. One ``Costs`` holds the measurements: taken once before timed runs (the bench's
 calibration) or online and smoothed as generation runs (the "auto" schedules).
@@ -24,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 TREE_FORMULA = "tree: predicted speedup = (P_t + (N-1) c_t(1)) / (P_t + N/E * c_t(n+1)), E measured tokens/step"
 FORMULA = ("predicted speedup = (P_t + (N-1) c_t(1)) / (P_t + P_d + N/E(k) * (D(k) + c_t(k+1))), "
            "E(k) = 1 + s_1 + ... + s_k, D(k) = (k-1) c_d(1) + (1-s_k) c_d(1) + s_k c_d(2)")
+PARALLEL_FORMULA = "parallel draft: the same with D(k) = c_d(round(E(k)) + k - 1), one forward of the draft a step"
 
 
 @dataclass
@@ -65,17 +68,31 @@ class Costs:
     def observe_propose_step(self, seconds: float) -> None:
         self.propose_step = self._smoothed(self.propose_step, seconds)
 
+    def observe_draft(self, width: int, seconds: float) -> None:
+        """One draft forward of ``width`` tokens (a parallel draft's step: the tokens it lacked and its masks)."""
+        self.draft[width] = self._smoothed(self.draft.get(width), seconds)
+
     def verify_cost(self, width: int) -> float:
         """V(width): measured, else linear between the nearest measured widths, else the nearest measured value
         (flat: optimistic, so that a wider step gets tried and measured rather than ruled out by a guess)."""
-        if width in self.verify:
-            return self.verify[width]
-        lower = [w for w in self.verify if w < width]
-        upper = [w for w in self.verify if w > width]
-        if lower and upper:
-            a, b = max(lower), min(upper)
-            return self.verify[a] + (self.verify[b] - self.verify[a]) * (width - a) / (b - a)
-        return self.verify[max(lower) if lower else min(upper)]
+        return by_width(self.verify, width)
+
+    def draft_cost(self, width: int) -> float:
+        """c_d(width), one draft forward of ``width`` tokens, as ``verify_cost`` reads V."""
+        return by_width(self.draft, width)
+
+
+def by_width(seconds: dict[int, float], width: int) -> float:
+    """The time at ``width`` from times measured at some widths: measured, else linear between the nearest measured
+    widths, else the nearest measured value."""
+    if width in seconds:
+        return seconds[width]
+    lower = [w for w in seconds if w < width]
+    upper = [w for w in seconds if w > width]
+    if lower and upper:
+        a, b = max(lower), min(upper)
+        return seconds[a] + (seconds[b] - seconds[a]) * (width - a) / (b - a)
+    return seconds[max(lower) if lower else min(upper)]
 
 
 def expected_tokens_per_step(survival: list[float]) -> float:
@@ -93,10 +110,27 @@ def chain_step_seconds(costs: Costs, survival: list[float]) -> float:
     return (k - 1) * per_token + first + costs.verify_cost(k + 1)
 
 
-def predicted_speedup(costs: Costs, survival: list[float], new_tokens: int) -> float:
+def parallel_width(survival: list[float]) -> int:
+    """The width of a parallel draft's forward proposing k = len(survival) tokens: the tokens it lacks (the last
+    step's accepted proposals and bonus token, E(k) on average) and k - 1 masks; e.g. survival [0.8, 0.6] -> 3."""
+    return round(expected_tokens_per_step(survival)) + len(survival) - 1
+
+
+def parallel_step_seconds(costs: Costs, survival: list[float]) -> float:
+    """D(k) + V(k + 1) for a parallel draft (``hf_spec.draft.parallel``): D(k) = c_d(``parallel_width``), one
+    forward whatever k, not k of them."""
+    k = len(survival)
+    if k == 0:
+        return costs.verify_cost(1)
+    return costs.draft_cost(parallel_width(survival)) + costs.verify_cost(k + 1)
+
+
+def predicted_speedup(costs: Costs, survival: list[float], new_tokens: int, parallel: bool = False) -> float:
+    """``FORMULA``; ``parallel``: a parallel draft's step, ``PARALLEL_FORMULA``."""
     plain = costs.target_prefill + (new_tokens - 1) * costs.verify[1]
     steps = new_tokens / expected_tokens_per_step(survival)
-    speculative = costs.target_prefill + costs.draft_prefill + steps * chain_step_seconds(costs, survival)
+    step = parallel_step_seconds(costs, survival) if parallel else chain_step_seconds(costs, survival)
+    speculative = costs.target_prefill + costs.draft_prefill + steps * step
     return plain / speculative
 
 

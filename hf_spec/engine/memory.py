@@ -42,13 +42,13 @@ class PairMemories:
         self.limit = limit
         self._by_target: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> (by object, by name)
 
-    def get(self, target, proposer) -> PairMemory:
+    def get(self, target, proposer, variant: str = "") -> PairMemory:
         by_object, by_name = self._by_target.setdefault(target, (weakref.WeakKeyDictionary(), {}))
         if isinstance(proposer, str):
             settings = by_name.setdefault(proposer, {})
         else:
             settings = by_object.setdefault(proposer, {})
-        key = (_settings(target), _settings(proposer))
+        key = (_settings(target), _settings(proposer), variant)
         if key not in settings:
             self._make_room(by_object, by_name)
             settings[key] = PairMemory()
@@ -85,9 +85,11 @@ def _settings(model) -> tuple:
 _MEMORY = PairMemories()
 
 
-def pair_memory(target, draft, cache_costs: bool = True) -> PairMemory:
+def pair_memory(target, draft, cache_costs: bool = True, variant: str = "") -> PairMemory:
     """The memory kept for this (target, draft) pair on this device and dtype, or a fresh one. ``draft``: a model,
-    Medusa heads, an EAGLE draft, or a name for a proposer without weights (e.g. "prompt_lookup")."""
+    Medusa heads, an EAGLE draft, or a name for a proposer without weights (e.g. "prompt_lookup"); ``variant``: a
+    way of proposing with that draft whose costs and acceptance are its own (e.g. "parallel": one forward for k
+    tokens)."""
     if not cache_costs:
         return PairMemory()
-    return _MEMORY.get(target, draft)
+    return _MEMORY.get(target, draft, variant)

@@ -9,4 +9,6 @@
 - ``optimization``: what every trainer shares (AdamW with warm-up and cosine, batch order, checkpoints);
 - ``medusa`` and ``medusa_evaluation``: Medusa heads, their held-out accuracy and tree for this machine;
 - ``eagle_draft``, ``eagle_stream``, ``eagle_evaluation`` and ``eagle``: EAGLE-3 drafts with training-time test,
-  trained on the shards as they are labelled, their evaluation, scaling curve and export."""
+  trained on the shards as they are labelled, their evaluation, scaling curve and export;
+- ``pard_layout``, ``pard_data``, ``pard``, ``pard_evaluation`` and ``lora``: a causal LM adapted into a parallel
+  draft on text (no target needed), its acceptance by position and predicted speed; low-rank adapters."""

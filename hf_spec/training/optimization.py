@@ -36,11 +36,12 @@ def epoch_order(size: int, seed: int, epoch: int) -> torch.LongTensor:
 
 
 def save_checkpoint(path: Path, key: str, module: nn.Module, optimizer, schedule, step: int, log: list[dict],
-                    config: dict) -> None:
-    """The module's weights under ``key``, the optimizer's and schedule's state, the step and the log."""
+                    config: dict, extra: dict | None = None) -> None:
+    """The module's weights under ``key``, the optimizer's and schedule's state, the step and the log; ``extra``:
+    what else a trainer resumes from (e.g. the RNG state), given back by ``load_checkpoint``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {key: module.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-             "step": step, "log": log, "config": config}
+             "step": step, "log": log, "config": config, "extra": extra or {}}
     partial = path.with_suffix(".tmp")
     torch.save(state, partial)
     partial.replace(path)  # a crash mid-write leaves the previous checkpoint intact
@@ -61,12 +62,16 @@ class CheckpointClock:
         return False
 
 
-def load_checkpoint(path: Path | None, key: str, module: nn.Module, optimizer, schedule) -> tuple[int, list[dict]]:
-    """Restore what ``save_checkpoint`` wrote (strictly); returns (step, log)."""
+def load_checkpoint(path: Path | None, key: str, module: nn.Module, optimizer, schedule,
+                    extra: dict | None = None) -> tuple[int, list[dict]]:
+    """Restore what ``save_checkpoint`` wrote (strictly); returns (step, log), and puts what it saved as ``extra``
+    into the dict given as ``extra``."""
     if path is None or not path.is_file():
         raise FileNotFoundError(f"Nothing to resume: {path} does not exist.")
     state = torch.load(path, map_location=next(module.parameters()).device, weights_only=True)
     module.load_state_dict(state[key], strict=True)
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])
+    if extra is not None:
+        extra.update(state.get("extra", {}))
     return state["step"], list(state["log"])
