@@ -1,6 +1,6 @@
 """Draft-model speculative decoding in an existing transformers script: one import, one keyword.
 
-    python examples/draft_quickstart.py                      # models from $HF_SPEC_MODELS (fetch_models.py)
+    python examples/draft_quickstart.py                      # models in $HF_SPEC_MODELS (default ~/.cache/hf-spec-models)
     python examples/draft_quickstart.py --target Qwen/Qwen2.5-Coder-1.5B-Instruct --draft Qwen/Qwen2.5-Coder-0.5B-Instruct
     python examples/draft_quickstart.py --tiny --max-new-tokens 8   # tiny random models built offline (the tests run this)
 """
