@@ -188,3 +188,24 @@ def test_folder_without_heads(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="has no Medusa heads"):
         load_medusa_heads(tmp_path)
+
+
+def test_the_head_count_is_read_off_the_files_keys(tmp_path):
+    from hf_spec.medusa.loading import head_count_on_disk
+
+    assert head_count_on_disk(write_medusa1(tmp_path / "st", upstream_state(), "safetensors")) == HEADS  # not 2
+    assert head_count_on_disk(write_medusa1(tmp_path / "pt", upstream_state(), "pt")) is None  # a pickle: unknown
+
+
+def test_the_bench_refuses_a_tree_deeper_than_the_heads_before_any_model_loads(tmp_path, base, capsys, monkeypatch):
+    import hf_spec.commands.bench
+    from hf_spec.cli import main
+
+    monkeypatch.setattr(hf_spec.commands.bench, "run", lambda args: pytest.fail("the benchmark started"))
+    base.save_pretrained(tmp_path / "base")
+    heads = write_medusa1(tmp_path / "heads", upstream_state(), "safetensors")
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "--target", str(tmp_path / "base"), "--modes", "vanilla,medusa", "--medusa-heads", str(heads),
+              "--tree", "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]"])
+    assert refused.value.code == 2
+    assert "--tree: Tree path [0, 0, 0, 0] is 4 deep but there are only 3 Medusa heads" in capsys.readouterr().err

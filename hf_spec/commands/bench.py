@@ -226,6 +226,20 @@ def check_modes(args: argparse.Namespace) -> None:
         if refused:
             raise ValueError(message)
     check_eagle_tree_ranks(args.eagle_tree, args.eagle_model)
+    check_medusa_tree_depth(args.tree, args.medusa_heads)
+
+
+def check_medusa_tree_depth(tree, medusa_heads: str | None) -> None:
+    """A tree given as paths no deeper than the Medusa heads, where their files on disk tell how many there are."""
+    from ..engine.trees import resolve_tree, validate_tree
+    from ..medusa.loading import head_count_on_disk
+
+    if not isinstance(tree, list) or not medusa_heads or not Path(medusa_heads).is_dir():
+        return
+    try:
+        validate_tree(resolve_tree(tree), num_heads=head_count_on_disk(medusa_heads))
+    except ValueError as error:
+        raise ValueError(f"--tree: {error}") from None
 
 
 def check_eagle_tree_ranks(tree, eagle_model: str | None) -> None:

@@ -26,11 +26,13 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from ..token_map import TokenMap
-from ..weights import RepoFiles, read_pt, read_safetensors
+from ..weights import RepoFiles, read_json, read_pt, read_safetensors
 from .heads import CONFIG_NAME, PT_NAME, SAFETENSORS_NAME, VLLM_MODEL_TYPE, MedusaHeads, check_fits
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,21 @@ def load_medusa_heads(name_or_path: str | os.PathLike, *, base_model=None, revis
     if base_model is not None:
         device, dtype = device or base_model.device, dtype or base_model.dtype
     return heads.to(device=device, dtype=dtype).eval()
+
+
+def head_count_on_disk(folder: str | os.PathLike) -> int | None:
+    """How many heads the local folder's weights hold, read from its files' key names without loading a tensor
+    (vLLM's layout: its config, which must match the weights); None where that cannot be told cheaply (a pickle, a
+    Medusa-2 model, a Hub id)."""
+    folder = Path(os.path.expanduser(str(folder)))
+    config = read_json(folder / CONFIG_NAME) if (folder / CONFIG_NAME).is_file() else {}
+    if config.get("model_type") == VLLM_MODEL_TYPE:
+        return _setting(config, "num_heads", "medusa_num_heads")
+    if not (folder / SAFETENSORS_NAME).is_file():
+        return None
+    with safe_open(str(folder / SAFETENSORS_NAME), "pt") as weights:
+        heads = [int(match.group(1)) for match in map(_KEY.match, weights.keys()) if match]
+    return 1 + max(heads) if heads else None
 
 
 def _read_upstream(files: RepoFiles, name: str) -> dict[str, torch.Tensor]:
