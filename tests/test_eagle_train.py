@@ -179,6 +179,14 @@ def test_the_draft_vocabulary_is_where_the_targets_probability_lies():
     assert draft_vocabulary(mass, 5).target_ids.tolist() == [0, 1, 2, 5, 7]  # then the lowest ids
 
 
+def test_a_draft_vocabulary_larger_than_the_targets_is_refused_with_the_size_to_pass(small_target):
+    from hf_spec.training.eagle import _vocabulary
+
+    vocab = small_target.get_output_embeddings().weight.shape[0]
+    with pytest.raises(ValueError, match=f"draft_vocab_size \\({vocab + 1}\\).*pass at most {vocab}"):
+        _vocabulary(small_target, None, EagleTrainConfig(draft_vocab_size=vocab + 1), stop=None)  # before any labels
+
+
 def test_a_new_draft_starts_from_the_targets_output_rows(small_target):
     token_map = TokenMap.of([1, 4, 9], VOCAB)
     draft = new_eagle_draft(small_target, token_map, intermediate_size=16)

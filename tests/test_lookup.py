@@ -120,6 +120,13 @@ def test_transformers_settings_are_read(target, tokenizer, settings):
     assert len(hf_spec.last_stats().proposed_by_position) <= depth
 
 
+@pytest.mark.parametrize("setting", ["prompt_lookup_num_tokens", "max_matching_ngram_size"])
+def test_a_lookup_setting_of_zero_is_refused_by_name(target, tokenizer, setting):
+    inputs = tokenizer("abcabc", return_tensors="pt")
+    with pytest.raises(ValueError, match=setting):
+        target.generate(**inputs, max_new_tokens=4, do_sample=False, strategy="prompt_lookup", **{setting: 0})
+
+
 def test_left_padded_batch_equals_plain_generate(target, tokenizer):
     inputs = tokenizer(["abcabc", "def fib(n): fib", "z"], return_tensors="pt", padding=True)
     expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
