@@ -79,7 +79,9 @@ def render(path: Path, part: str) -> str:
     elif part == "modes":
         lines = [run_line(settings), *format_table(rows).splitlines()]
     else:
-        lines = [run_line(settings), *(line for line in overall.splitlines() if line not in (FORMULA, TREE_FORMULA)),
+        form = [f"the draft modes' draft: {settings['draft_form']}"] if settings.get("draft_form") else []
+        lines = [run_line(settings), *form,
+                 *(line for line in overall.splitlines() if line not in (FORMULA, TREE_FORMULA)),
                  differences_line(rows)]
     return "```\n" + "\n".join(lines) + "\n```\n"
 
