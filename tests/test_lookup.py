@@ -207,6 +207,43 @@ def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
     assert proposer._choose([(2, chain)], 3, both=True) == "fallback"
 
 
+def test_the_draft_pays_its_catch_up_spread_over_the_tokens_left():
+    """A draft that must first feed a long prompt is priced with that catch-up spread over the tokens the call may
+    still make: where the catch-up is what makes it lose, the lookup or a plain step is taken instead; a draft that
+    has caught up keeps its k."""
+    proposer = _good_draft_beside_lookup()  # three tokens a step
+    proposer.costs.verify = {1: 0.20, 4: 0.21, 14: 0.23}
+    proposer.propose_seconds = {"draft": 0.06}  # (0.06 + 0.21) / 3 = 0.09 s a token, against plain's 0.20
+    proposer.costs.catch_up_token = 0.002
+    proposer.lacking, proposer.tokens_left = 1000, 64  # + 0.002 x 999 / 64 = 0.03 s a token: still worth it
+    assert proposer._choose([], 3, both=True) == "fallback"
+    proposer.tokens_left = 8  # + 0.25 s a token: plain decoding is faster
+    assert proposer._choose([], 3, both=True) == "plain"
+    for _ in range(100):
+        proposer.lookup.survival[2].observe(10, 1)  # two tokens a step for V(11) = 0.224 s
+    assert proposer._choose([(2, list(range(10)))], 3, both=True) == "lookup"
+    proposer.lacking = 1  # caught up: the usual token only
+    assert proposer._choose([], 3, both=True) == "fallback"
+
+
+def test_a_call_whose_draft_would_not_repay_its_catch_up_never_runs_it(target, tokenizer, monkeypatch):
+    from hf_spec.engine.memory import pair_memory
+    from hf_spec.testing import contrary_draft
+
+    draft = contrary_draft(target)  # a pair of its own: its memory is this test's
+    pair_memory(target, draft).costs.catch_up_token = 10.0  # as if feeding the draft a token took 10 s
+    sources, advance = [], LookupAndDraftProposer.advance
+    monkeypatch.setattr(LookupAndDraftProposer, "advance",
+                        lambda self, *args: (sources.append(self.source), advance(self, *args)))
+    inputs = tokenizer("abcabcabc xyz", return_tensors="pt")
+    expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    out = target.generate(**inputs, max_new_tokens=30, do_sample=False, strategy="draft", draft_model=draft,
+                          num_speculative_tokens=3, prompt_lookup=True, prompt_lookup_num_tokens=4)
+    assert torch.equal(out, expected)
+    assert sources[0] != "plain"  # the first step: no verification cost measured yet, the draft tried
+    assert "plain" in sources and "lookup" in sources
+
+
 def test_the_tree_of_both_branches_where_they_differ_and_tells_whose_tokens_were_kept():
     proposer = _good_draft_beside_lookup()
     drafted = Proposal(tokens=torch.tensor([[1, 2, 3], [1, 2, 3], [4, 5, 6]]))

@@ -1,7 +1,11 @@
 """Prompt lookup beside another proposer (``strategy="draft"`` with ``prompt_lookup=True``): each step the lookup's
 continuation alone (free: the draft does not run, and catches up later on the tokens it skipped), the other
-proposer's alone, or, under greedy decoding, both in one tree; whichever should bring tokens fastest."""
+proposer's alone, or, under greedy decoding, both in one tree; whichever should bring tokens fastest. The draft's
+catch-up (the whole prompt, the first time it runs in a call) is part of its price, so that a call the lookup
+serves well does not pay for a draft it barely uses."""
 from __future__ import annotations
+
+import math
 
 import torch
 from transformers import LogitsProcessorList
@@ -16,6 +20,7 @@ from .generate import lookup_proposer, lookup_schedule, lookup_settings
 from .proposer import PromptLookupProposer, trie_proposal
 
 FALLBACK_MEMORY = 24.0  # the draft's acceptance by position follows about this many of its recent steps
+CATCH_UP_MEASURED = 16  # a draft step that fed more tokens than this it lacked measures the catch-up a token
 
 
 def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, memory_key,
@@ -48,11 +53,15 @@ class LookupAndDraftProposer:
     ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a story; each one
     standard error optimistic, so that a match class the draft outbids at its prior gets tried; for both, position
     i survives where either does, taken as independent), T = the proposer's measured time a step (the draft's
-    include its catch-up on what the lookup committed) + the target's verification of the step's width (``costs``,
-    the pair's: measured by width, interpolated between, flat beyond). A chain is deterministic: under sampling
+    exclude its catch-up) + the target's verification of the step's width (``costs``, the pair's: measured by width,
+    interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
+    its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call,
+    the prompt), spread over the tokens the call may still make: it is paid once, and the tokens after it gain
+    from it. Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is
+    plain ("plain": the draft keeps its k for the steps it runs). A chain is deterministic: under sampling
     its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of both is
     proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed last
-    ("lookup", "fallback" or "both")."""
+    ("lookup", "fallback", "both" or "plain")."""
 
     hidden_layers = ()
 
@@ -66,16 +75,25 @@ class LookupAndDraftProposer:
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
         self.fallback_proposed = 0
-        self._draft_ran = False
+        self.tokens_left = 1  # what the call may still make (``start``), over which a catch-up pays for itself
+        self.lacking = 0  # the tokens the draft's cache lacked at the last step (its catch-up when it ran)
         self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree; rows' nodes by source
+
+    def start(self, max_new_tokens: int) -> None:
+        self.tokens_left = max_new_tokens
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         length = min(self.lookup_length, k)
         matched = self.lookup.chain(rows, length, max_depth) if length > 0 else [None] * len(rows)
         fallback_k = min(self.fallback_k, k, max_depth)
+        covered = getattr(self.fallback, "covered", None)  # a draft model's: the committed tokens its cache holds
+        self.lacking = 0 if covered is None else max(row.shape[1] - held for row, held in zip(rows, covered))
         self.source = self._choose([chain for chain in matched if chain is not None], fallback_k,
                                    both=not do_sample)
+        if self.source == "plain":
+            self.fallback_proposed = 0
+            return Proposal(tokens=rows[0].new_empty(len(rows), 0))
         if self.source == "lookup":
             live = next(chain for chain in matched if chain is not None)
             chains = [(chain or live)[1] for chain in matched]  # a finished row's tokens are ignored
@@ -91,26 +109,37 @@ class LookupAndDraftProposer:
         return proposal
 
     def _choose(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool) -> str:
-        """"lookup", "both" or "fallback", the fastest by E / T (ties: in that order; times not yet measured: as
-        ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto" sizing has already judged."""
+        """"lookup", "both", "fallback" or "plain", the fastest in seconds a token: T / E, and for a proposer that
+        runs the draft its catch-up spread over the tokens left (ties: in that order; times not yet measured: as
+        ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto" sizing has already judged; plain
+        steps are weighed only where the draft must catch up."""
         matched = [(length, chain) for length, chain in live if chain]
         lookup_possible = bool(live) and len(matched) == len(live)
-        if fallback_k == 0 or not matched:
+        if fallback_k == 0:
             return "lookup" if lookup_possible else "fallback"
-        lookup_nodes = max(len(chain) for _, chain in matched)
-        fallback_s = self._seconds("draft", fallback_k + 1)
-        both_s = self._seconds("draft", fallback_k + lookup_nodes + 1)
-        lookup_s = self._seconds("lookup", lookup_nodes + 1)
         draft = _position_rates(self.fallback_survival.expected(fallback_k, optimistic=True))
-        survival = self.lookup.survival
-        lookup = [_position_rates(survival[length].expected(len(chain), optimistic=True)) if chain else []
-                  for length, chain in live]
-        rates = {"fallback": (1 + sum(draft)) / fallback_s}
-        if lookup_possible:
-            rates["lookup"] = sum(1 + sum(rows) for rows in lookup) / len(live) / lookup_s
-        if both:
-            rates["both"] = sum(_either_expected(draft, rows) for rows in lookup) / len(live) / both_s
-        return max(("lookup", "both", "fallback"), key=lambda source: rates.get(source, -1.0))
+        catch_up = self._catch_up_seconds() / max(self.tokens_left, 1)
+        per_token = {"fallback": self._seconds("draft", fallback_k + 1) / (1 + sum(draft)) + catch_up}
+        if catch_up > 0 and self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
+            per_token["plain"] = self.costs.verify_cost(1)
+        if matched:
+            lookup_nodes = max(len(chain) for _, chain in matched)
+            survival = self.lookup.survival
+            lookup = [_position_rates(survival[length].expected(len(chain), optimistic=True)) if chain else []
+                      for length, chain in live]
+            if lookup_possible:
+                per_token["lookup"] = self._seconds("lookup", lookup_nodes + 1) * len(live) / sum(
+                    1 + sum(rows) for rows in lookup)
+            if both:
+                per_token["both"] = self._seconds("draft", fallback_k + lookup_nodes + 1) * len(live) / sum(
+                    _either_expected(draft, rows) for rows in lookup) + catch_up
+        return min(("lookup", "both", "fallback", "plain"), key=lambda source: per_token.get(source, math.inf))
+
+    def _catch_up_seconds(self) -> float:
+        """The draft's time to feed what its cache lacks beyond a step's usual token (0 until measured: optimistic,
+        so that the draft gets tried and its catch-up measured)."""
+        per_token = self.costs.catch_up_token
+        return 0.0 if per_token is None or self.lacking <= 1 else per_token * (self.lacking - 1)
 
     def _union(self, draft: Proposal, chains: list[list[int]], do_sample: bool) -> Proposal:
         """Each row's tree: the draft's chain (nodes (0,), (0, 0), ...), then the lookup's continuation where it
@@ -148,16 +177,24 @@ class LookupAndDraftProposer:
         return self.propose_seconds.get(proposer, 0.0) + verify
 
     def observe_propose_seconds(self, seconds: float, smoothing: float = 0.3) -> None:
-        """The last step's proposing time, for the draft (a step it ran in) or the lookup (alone). The draft's first
-        step of a call, its prefill of the prompt, is not a step's time (it is paid once, whatever is chosen)."""
-        proposer = "lookup" if self.source == "lookup" else "draft"
-        if proposer == "draft" and not self._draft_ran:
-            self._draft_ran = True
+        """The last step's proposing time, for the draft (a step it ran in) or the lookup (alone). A draft step's
+        catch-up beyond its usual token is taken out: where the draft lacked many tokens (its first step of a call:
+        the prompt) it measures the catch-up a token (``costs.catch_up_token``), else it is subtracted at that
+        rate."""
+        if self.source == "plain":
             return
+        proposer = "lookup" if self.source == "lookup" else "draft"
+        if proposer == "draft" and self.lacking > CATCH_UP_MEASURED:
+            step = self.propose_seconds.get("draft", 0.0)
+            self.costs.observe_catch_up(max(seconds - step, 0.0) / (self.lacking - 1))
+            return
+        if proposer == "draft":
+            seconds = max(seconds - self._catch_up_seconds(), 0.0)
         old = self.propose_seconds.get(proposer)
         self.propose_seconds[proposer] = seconds if old is None else (1 - smoothing) * old + smoothing * seconds
 
     def advance(self, accepted: list[int], target_hidden=None) -> None:
+        self.tokens_left -= 1 + min(accepted, default=0)
         if self.source == "lookup":
             self.lookup.advance(accepted)
             return
@@ -196,6 +233,7 @@ class LookupAndDraftSchedule(Schedule):
         self.proposer, self.lookup, self.fallback = proposer, lookup, fallback
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
+        self.proposer.start(max_new_tokens)
         self.lookup.start(prompt_length, max_new_tokens)
         self.fallback.start(prompt_length, max_new_tokens)
 
@@ -216,7 +254,7 @@ class LookupAndDraftSchedule(Schedule):
                            else (self.fallback, self.lookup))
             took.observe(k, accepted, propose_s, verify_s, confidence)
             other.observe(0, accepted, 0.0, None, confidence)
-        if k > 0 and verify_s is not None:
-            if getattr(took, "costs", None) is not proposer.costs:
-                proposer.costs.observe_verify(k + 1, verify_s)
+        if verify_s is not None and getattr(took, "costs", None) is not proposer.costs:
+            proposer.costs.observe_verify(k + 1, verify_s)
+        if k > 0:  # the step that carried the prompt too: the draft's catch-up on it is what it measures
             proposer.observe_propose_seconds(propose_s)
