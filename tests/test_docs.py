@@ -113,7 +113,7 @@ def test_every_measured_table_is_its_json(doc):
 def test_benchmarks_show_the_headline_tables_and_every_saved_run():
     doc_tables = load_doc_tables()
     used = {(doc.parent / name).resolve() for doc in DOCS for name in doc_tables.tables(doc.read_text())}
-    headline = ["bf16-26q-int8-auto", "fp32-13q-auto", "bf16-lookup-21q", "bf16-qwen15b-eagle3-tree1",
+    headline = ["bf16-26q-int8-auto", "fp32-13q-auto", "bf16-lookup-21q-default-form", "bf16-qwen15b-eagle3-tree1",
                 "bf16-smollm2-medusa-eagle3-s2e4"]
     benchmarks = doc_tables.tables((ROOT / "docs" / "benchmarks.md").read_text())
     assert all(f"measurements/{name}.json" in benchmarks for name in headline)
