@@ -20,6 +20,8 @@ from .generate import lookup_proposer, lookup_schedule, lookup_settings
 from .proposer import PromptLookupProposer, trie_proposal
 
 FALLBACK_MEMORY = 24.0  # the draft's acceptance by position follows about this many of its recent steps
+SOURCES = ("lookup", "both", "fallback", "plain")  # what a step may take, preferred in this order on a tie
+DRAFT_SOURCES = ("both", "fallback")  # those that run the draft
 CATCH_UP_MEASURED = 16  # a draft step that fed more tokens than this it lacked measures the catch-up a token
 
 
@@ -56,8 +58,8 @@ class LookupAndDraftProposer:
     exclude its catch-up) + the target's verification of the step's width (``costs``, the pair's: measured by width,
     interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
     its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call,
-    the prompt), spread over the tokens the call may still make: it is paid once, and the tokens after it gain
-    from it. Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is
+    the prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the
+    tokens the draft proposes after it gain from it. Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is
     plain ("plain": the draft keeps its k for the steps it runs). A chain is deterministic: under sampling
     its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of both is
     proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed last
@@ -75,12 +77,14 @@ class LookupAndDraftProposer:
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
         self.fallback_proposed = 0
-        self.tokens_left = 1  # what the call may still make (``start``), over which a catch-up pays for itself
+        self.tokens_left = 1  # what the call may still make (``start``)
+        self.steps_judged, self.draft_wanted = 0, 0  # this call's steps, and those the draft was the fastest for
         self.lacking = 0  # the tokens the draft's cache lacked at the last step (its catch-up when it ran)
         self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree; rows' nodes by source
 
     def start(self, max_new_tokens: int) -> None:
         self.tokens_left = max_new_tokens
+        self.steps_judged, self.draft_wanted = 0, 0
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
@@ -110,18 +114,15 @@ class LookupAndDraftProposer:
 
     def _choose(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool) -> str:
         """"lookup", "both", "fallback" or "plain", the fastest in seconds a token: T / E, and for a proposer that
-        runs the draft its catch-up spread over the tokens left (ties: in that order; times not yet measured: as
-        ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto" sizing has already judged; plain
-        steps are weighed only where the draft must catch up."""
+        runs the draft its catch-up spread over the tokens it should serve (``_draft_tokens_ahead``; ties: in that
+        order; times not yet measured: as ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto"
+        sizing has already judged; plain steps are weighed only where the draft must catch up."""
         matched = [(length, chain) for length, chain in live if chain]
         lookup_possible = bool(live) and len(matched) == len(live)
         if fallback_k == 0:
             return "lookup" if lookup_possible else "fallback"
         draft = _position_rates(self.fallback_survival.expected(fallback_k, optimistic=True))
-        catch_up = self._catch_up_seconds() / max(self.tokens_left, 1)
-        per_token = {"fallback": self._seconds("draft", fallback_k + 1) / (1 + sum(draft)) + catch_up}
-        if catch_up > 0 and self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
-            per_token["plain"] = self.costs.verify_cost(1)
+        per_token = {"fallback": self._seconds("draft", fallback_k + 1) / (1 + sum(draft))}
         if matched:
             lookup_nodes = max(len(chain) for _, chain in matched)
             survival = self.lookup.survival
@@ -132,8 +133,25 @@ class LookupAndDraftProposer:
                     1 + sum(rows) for rows in lookup)
             if both:
                 per_token["both"] = self._seconds("draft", fallback_k + lookup_nodes + 1) * len(live) / sum(
-                    _either_expected(draft, rows) for rows in lookup) + catch_up
-        return min(("lookup", "both", "fallback", "plain"), key=lambda source: per_token.get(source, math.inf))
+                    _either_expected(draft, rows) for rows in lookup)
+        self.steps_judged += 1
+        self.draft_wanted += _fastest(per_token) in DRAFT_SOURCES
+        catch_up = self._catch_up_seconds()
+        if catch_up > 0:
+            for source in DRAFT_SOURCES:
+                if source in per_token:
+                    per_token[source] += catch_up / self._draft_tokens_ahead()
+            if self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
+                per_token["plain"] = self.costs.verify_cost(1)
+        return _fastest(per_token)
+
+    def _draft_tokens_ahead(self) -> float:
+        """The tokens the draft should serve if it catches up now: those the call may still make, in the share of
+        its steps where a source that runs the draft was the fastest, catch-up aside (counted this call, the
+        current step included, from a prior of one step each way): a call the lookup serves well spreads the
+        draft's catch-up over few tokens."""
+        share = (self.draft_wanted + 1) / (self.steps_judged + 2)
+        return max(self.tokens_left * share, 1.0)
 
     def _catch_up_seconds(self) -> float:
         """The draft's time to feed what its cache lacks beyond a step's usual token (0 until measured: optimistic,
@@ -207,6 +225,11 @@ class LookupAndDraftProposer:
                 self.fallback_survival.observe(self.fallback_proposed, row_accepted)
         self.fallback_proposed = 0
         self.fallback.advance(accepted, target_hidden)
+
+
+def _fastest(per_token: dict[str, float]) -> str:
+    """The source with the fewest seconds a token (ties: in ``SOURCES`` order)."""
+    return min(SOURCES, key=lambda source: per_token.get(source, math.inf))
 
 
 def _position_rates(expected: list[float]) -> list[float]:
