@@ -209,16 +209,16 @@ def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
 
 def test_the_draft_pays_its_catch_up_spread_over_the_tokens_it_should_serve():
     """A draft that must first feed a long prompt is priced with that catch-up spread over the tokens the call may
-    still make, in the share of the call's steps where the draft was the fastest source (a prior of one step each
-    way, the current step counted): where the catch-up is what makes it lose, the lookup or a plain step is taken
+    still make, in the share of the call's steps where the draft was the fastest source (after two steps it was
+    not, the current step counted): where the catch-up is what makes it lose, the lookup or a plain step is taken
     instead; a draft that has caught up keeps its k."""
     proposer = _good_draft_beside_lookup()  # three tokens a step
     proposer.costs.verify = {1: 0.20, 4: 0.21, 14: 0.23}
     proposer.propose_seconds = {"draft": 0.06}  # (0.06 + 0.21) / 3 = 0.09 s a token, against plain's 0.20
     proposer.costs.catch_up_token = 0.002
-    proposer.lacking, proposer.tokens_left = 1000, 64  # + 0.002 x 999 / (64 x 2/3) = 0.05 s a token: worth it
+    proposer.lacking, proposer.tokens_left = 1000, 64  # + 0.002 x 999 / (64 x 1/3) = 0.094 s a token: worth it
     assert proposer._choose([], 3, both=True) == "fallback"
-    proposer.tokens_left = 8  # + 0.002 x 999 / (8 x 3/4) = 0.33 s a token: plain decoding is faster
+    proposer.tokens_left = 8  # + 0.002 x 999 / (8 x 2/4) = 0.5 s a token: plain decoding is faster
     assert proposer._choose([], 3, both=True) == "plain"
     for _ in range(100):
         proposer.lookup.survival[2].observe(10, 1)  # two tokens a step for V(11) = 0.224 s
@@ -235,9 +235,9 @@ def test_a_call_the_lookup_serves_well_spreads_the_drafts_catch_up_over_few_toke
     for _ in range(100):
         proposer.lookup.survival[8].observe(10, 9)  # long matches copy ten tokens a step
     proposer.lacking, proposer.tokens_left = 1000, 64
-    for _ in range(10):  # ten steps the lookup won, catch-up aside: the draft would serve 64 x 1/12 tokens
+    for _ in range(10):  # ten steps the lookup won, catch-up aside
         assert proposer._choose([(8, list(range(10)))], 3, both=True) == "lookup"
-    assert proposer._choose([], 3, both=True) == "plain"  # 0.09 + 0.002 x 999 / (64 x 2/13): slower than plain
+    assert proposer._choose([], 3, both=True) == "plain"  # 0.09 + 0.002 x 999 / (64 x 1/13): slower than plain
     proposer.start(64)  # a new call: the prior again
     assert proposer._choose([], 3, both=True) == "fallback"
 

@@ -22,6 +22,7 @@ from .proposer import PromptLookupProposer, trie_proposal
 FALLBACK_MEMORY = 24.0  # the draft's acceptance by position follows about this many of its recent steps
 SOURCES = ("lookup", "both", "fallback", "plain")  # what a step may take, preferred in this order on a tie
 DRAFT_SOURCES = ("both", "fallback")  # those that run the draft
+PRIOR_STEPS = 2  # steps the draft was not the fastest for, counted before a call's own (``_draft_tokens_ahead``)
 CATCH_UP_MEASURED = 16  # a draft step that fed more tokens than this it lacked measures the catch-up a token
 
 
@@ -148,9 +149,10 @@ class LookupAndDraftProposer:
     def _draft_tokens_ahead(self) -> float:
         """The tokens the draft should serve if it catches up now: those the call may still make, in the share of
         its steps where a source that runs the draft was the fastest, catch-up aside (counted this call, the
-        current step included, from a prior of one step each way): a call the lookup serves well spreads the
-        draft's catch-up over few tokens."""
-        share = (self.draft_wanted + 1) / (self.steps_judged + 2)
+        current step included, after ``PRIOR_STEPS`` steps it was not: the catch-up is paid on evidence, as what
+        it buys is unknown until the call shows how much the lookup serves). A call the lookup serves well spreads
+        the draft's catch-up over few tokens."""
+        share = self.draft_wanted / (self.steps_judged + PRIOR_STEPS)
         return max(self.tokens_left * share, 1.0)
 
     def _catch_up_seconds(self) -> float:
