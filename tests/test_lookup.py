@@ -258,6 +258,7 @@ def test_a_call_whose_draft_would_not_repay_its_catch_up_never_runs_it(target, t
     assert torch.equal(out, expected)
     assert sources[0] != "plain"  # the first step: no verification cost measured yet, the draft tried
     assert "plain" in sources and "lookup" in sources
+    assert hf_spec.last_stats().sources == {source: sources.count(source) for source in set(sources)}
 
 
 def test_the_tree_of_both_branches_where_they_differ_and_tells_whose_tokens_were_kept():

@@ -105,6 +105,9 @@ class _Decoding:
         carries_prompt = self.prompt_left
         with self.timer("propose_s"):
             proposal = self.propose(k)
+        source = getattr(self.proposer, "source", None)  # a proposer that picks one source a step says which
+        if source is not None:
+            self.stats.sources[source] = self.stats.sources.get(source, 0) + 1
         with self.timer("verify_s"):
             block_start, output = self.verify(proposal)
         kept, accepted = self.accept_and_commit(proposal, output.logits)
