@@ -60,11 +60,11 @@ class LookupAndDraftProposer:
     interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
     its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call,
     the prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the
-    tokens the draft proposes after it gain from it. Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is
-    plain ("plain": the draft keeps its k for the steps it runs). A chain is deterministic: under sampling
-    its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of both is
-    proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed last
-    ("lookup", "fallback", "both" or "plain")."""
+    tokens the draft proposes after it gain from it. Where that catch-up is what makes the draft lose, and the
+    lookup has nothing better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain
+    is deterministic: under sampling its q is one-hot, so the speculative sampling rule keeps the target's
+    distribution; the tree of both is proposed under greedy decoding only, as the draft's sampled chain needs its
+    q. ``source``: what proposed last ("lookup", "fallback", "both" or "plain")."""
 
     hidden_layers = ()
 
@@ -139,9 +139,10 @@ class LookupAndDraftProposer:
         self.draft_wanted += _fastest(per_token) in DRAFT_SOURCES
         catch_up = self._catch_up_seconds()
         if catch_up > 0:
+            spread = catch_up / self._draft_tokens_ahead()
             for source in DRAFT_SOURCES:
                 if source in per_token:
-                    per_token[source] += catch_up / self._draft_tokens_ahead()
+                    per_token[source] += spread
             if self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
                 per_token["plain"] = self.costs.verify_cost(1)
         return _fastest(per_token)
