@@ -4,21 +4,21 @@
     python tools/auto_replay.py costs --target T --draft D --dtype float32 --out costs.json
     python tools/auto_replay.py replay --answers answers.json --costs costs.json
 
-``record`` writes each question's greedy answer (``--per-category`` after ``--skip``, 64 new tokens), the target's confidence at each
-answer token (its top probability) and how far the draft agrees from there: one draft forward over prompt and answer
-gives its greedy proposal at every position, and while a draft agrees with the target its chain from a position is
-the target's own text, so a chain of k from answer token j keeps min(k, run[j]) tokens, run[j] the agreeing tokens
-from j on. The draft is scored over the vocabulary subset the bench uses (``--draft-vocab-size``, the lowest ids
-plus the prompt's and end-of-sequence ids). ``costs`` times V(1..9), the draft's token and its catch-up a token (the
-bench's calibration, in rounds). ``replay`` runs the real ``AutoLength`` (and fixed k) over the answers in order, one
-schedule for all of them as in one process, and prints the predicted speedup by question and overall: no clock
-involved, so that a change to "auto" can be judged on a machine whose timings mean nothing, and in seconds.
+``record`` writes each question's greedy answer (``--per-category`` after ``--skip``, 64 new tokens), the target's
+confidence at each answer token (its top probability) and how far the draft agrees from there: one draft forward over
+prompt and answer gives its greedy proposal at every position, and while a draft agrees with the target its chain
+from a position is the target's own text, so a chain of k from answer token j keeps min(k, run[j]) tokens, run[j] the
+agreeing tokens from j on. The draft is scored over the vocabulary subset the bench uses (``--draft-vocab-size``, the
+lowest ids plus the prompt's and end-of-sequence ids). ``costs`` times V(1..9), the draft's token and its catch-up a
+token (the bench's calibration, in rounds). ``replay`` runs the real ``AutoLength`` (and fixed k) over the answers in
+order, one schedule for all of them as in one process, and prints the predicted speedup by question and overall: no
+clock involved, so that a change to "auto" can be judged on a machine whose timings mean nothing, and in seconds.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from hf_spec.engine.costs import Costs
 from hf_spec.engine.estimates import ConfidenceCalibration
 from hf_spec.engine.schedule import FixedLength
 from hf_spec.prompts import encode, load_prompts
+from hf_spec.token_map import TokenMap
 
 WIDTHS = range(1, 10)
 
@@ -42,10 +43,8 @@ def agreeing_runs(draft, ids: list[int], prompt_length: int, vocab_size: int | N
     """run[j]: how many answer tokens from j on the draft's greedy proposals match (each from the true prefix)."""
     with torch.no_grad():
         logits = draft(torch.tensor([ids])).logits[0, prompt_length - 1:-1].float()
-    if vocab_size is not None:
-        keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
-        keep[:vocab_size] = True
-        keep[torch.tensor(ids[:prompt_length] + eos)] = True
+    if vocab_size is not None:  # the ids the bench's draft vocabulary keeps
+        keep = TokenMap.lowest_ids(vocab_size, logits.shape[-1], also=ids[:prompt_length] + eos).t2d
         logits[:, ~keep] = float("-inf")
     agree = (logits.argmax(-1) == torch.tensor(ids[prompt_length:])).tolist()
     runs, run = [0] * len(agree), 0
@@ -83,7 +82,6 @@ def record(args) -> None:
 def measure_costs(args) -> None:
     from hf_spec.bench.calibrate import calibrate
     from hf_spec.engine.timing import forward_seconds
-    from hf_spec.token_map import TokenMap
     target, _ = load(args.target, args.dtype)
     draft, _ = load(args.draft, args.dtype)
     head = None if args.draft_vocab_size is None else \
@@ -135,14 +133,8 @@ def replay(args) -> None:
         for _ in range(args.warmup):  # the bench's warm-up call, on the first question
             replay_answer(schedule, answers[0], costs, Counter())
         results[name] = ([replay_answer(schedule, a, costs, histogram) for a in answers], histogram)
-    by_category = defaultdict(lambda: defaultdict(float))
     for i, answer in enumerate(answers):
-        row = f"{answer['category']:<16}"
-        for name in schedules:
-            row += f"{plain[i] / results[name][0][i]:>9.2f}x"
-            by_category[name]["plain"] += plain[i]
-            by_category[name]["spec"] += results[name][0][i]
-        print(row)
+        print(f"{answer['category']:<16}" + "".join(f"{plain[i] / results[name][0][i]:>9.2f}x" for name in schedules))
     print(f"{'all':<16}" + "".join(f"{sum(plain) / sum(results[n][0]):>9.2f}x" for n in schedules))
     for name in schedules:
         print(f"{name}: k chosen per step {dict(sorted(results[name][1].items()))}")
