@@ -93,4 +93,10 @@ class TokenMap:
         weight = self.rows_of(output.weight.detach())
         bias = getattr(output, "bias", None)
         bias = None if bias is None else self.rows_of(bias.detach())
-        return lambda hidden: self.to_full(torch.nn.functional.linear(hidden, weight, bias).float())
+
+        def score(hidden: torch.Tensor) -> torch.Tensor:  # as rows: a 3D input may take a batched matmul that
+            rows = hidden.reshape(-1, hidden.shape[-1])  # copies the weight once per batch entry
+            scores = torch.nn.functional.linear(rows, weight, bias).float()
+            return self.to_full(scores).reshape(*hidden.shape[:-1], self.target_vocab_size)
+
+        return score

@@ -224,12 +224,12 @@ def eagle_draft(pair):
     return draft.eval()
 
 
-def draw_eagle(target, draft) -> tuple[list[tuple], int]:
+def draw_eagle(target, draft, **kwargs) -> tuple[list[tuple], int]:
     torch.manual_seed(0)
     samples, accepted = [], 0
     for _ in range(DRAWS):
         out = target.generate(PROMPT, strategy="eagle", eagle_model=draft, num_speculative_tokens=4, tree_depth=2,
-                              tree_top_k=2, **SAMPLING)
+                              tree_top_k=2, **SAMPLING, **kwargs)
         samples.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
         accepted += hf_spec.last_stats().accepted
     return samples, accepted
@@ -238,6 +238,30 @@ def draw_eagle(target, draft) -> tuple[list[tuple], int]:
 def test_eagle_sampling_recovers_the_target_distribution(pair, eagle_draft):
     samples, accepted = draw_eagle(pair[0], eagle_draft)
     assert accepted > DRAWS // 2
+    assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
+
+
+@pytest.fixture(scope="module")
+def eagle1_draft():
+    from transformers import LlamaConfig
+
+    from hf_spec.eagle import EagleDraft
+
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=VOCAB, num_hidden_layers=1)
+    torch.manual_seed(4)
+    draft = EagleDraft(config, 1, 16)  # EAGLE-1/2: scored by the target's output layer
+    for parameter in draft.parameters():
+        torch.nn.init.normal_(parameter, std=0.5)
+    return draft.eval()
+
+
+def test_eagle1_sampling_over_a_vocabulary_subset_recovers_the_target_distribution(pair, eagle1_draft):
+    """draft_vocab_size=1 keeps id 0, eos (2) and the prompt's ids (1, 3, 4): the draft never proposes 5, which the
+    target still samples at its own rate."""
+    samples, accepted = draw_eagle(pair[0], eagle1_draft, draft_vocab_size=1)
+    assert hf_spec.last_stats().choices["draft form"] == "1 ids (as asked)"
+    assert accepted > DRAWS // 4 and any(5 in sample for sample in samples)
     assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
 
 

@@ -36,7 +36,7 @@ def test_a_d2t_that_points_outside_the_vocabulary_is_refused():
 
 def test_the_restricted_head_scores_exactly_the_kept_rows(target):
     token_map = TokenMap.of([0, 5, 17, 40], target_vocab_size=target.config.vocab_size)
-    hidden = torch.randn(2, 3, target.config.hidden_size)
+    hidden = torch.randn(2, 5, target.config.hidden_size)[:, -3:]  # a slice, as a model's last positions are
     full = target.get_output_embeddings()(hidden).float()
     restricted = token_map.head_of(target)(hidden)
     kept = token_map.target_ids

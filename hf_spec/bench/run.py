@@ -40,6 +40,8 @@ class Contenders:
     eagle_model: object = None  # an EagleDraft (row eagle)
     eagle_nodes: int | str = "auto"  # the eagle row's num_speculative_tokens
     eagle_tree: object = "dynamic"  # the eagle row's tree: "dynamic" or a static tree's paths (train-eagle's tree.json)
+    eagle_vocab_size: int | None = None  # the eagle row's draft_vocab_size (an EAGLE-1/2 draft's scored target ids)
+    eagle_form: str | None = None  # what the eagle row's draft scores, and why (printed, kept in the JSON)
 
 
 @dataclass
@@ -113,7 +115,7 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
         kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
     elif mode == "eagle":
         kwargs.update(strategy="eagle", eagle_model=contenders.eagle_model, tree=contenders.eagle_tree,
-                      num_speculative_tokens=contenders.eagle_nodes)
+                      num_speculative_tokens=contenders.eagle_nodes, draft_vocab_size=contenders.eagle_vocab_size)
     elif mode in ("auto", "stepwise"):
         kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=mode,
                       draft_vocab_size=contenders.draft_vocab_size)

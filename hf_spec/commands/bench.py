@@ -305,11 +305,13 @@ def run(args: argparse.Namespace) -> int:
 
 def load_contenders(args: argparse.Namespace):
     """The target and what each mode needs, loaded in ``args.dtype``; the draft modes' draft in the form
-    ``--draft-quantization`` and ``--draft-vocab-size`` ask ("auto": chosen as generate() chooses it)."""
+    ``--draft-quantization`` and ``--draft-vocab-size`` ask ("auto": chosen as generate() chooses it); an EAGLE-1/2
+    draft scores the vocabulary subset generate()'s "auto" would choose."""
     from ..bench.run import Contenders
     from ..draft.generate import vocab_choice
-    from ..draft.loading import resolve_draft_and_tokenizers
+    from ..draft.loading import resolve_draft_and_tokenizers, saved_tokenizer
     from ..eagle import load_eagle_draft
+    from ..eagle.forms import eagle_vocab_choice
     from ..medusa import load_medusa_heads
 
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=args.dtype).eval()
@@ -317,6 +319,9 @@ def load_contenders(args: argparse.Namespace):
                             if args.medusa_heads else None, tree=args.tree,
                             eagle_model=load_eagle_draft(args.eagle_model, target=target) if args.eagle_model else None,
                             eagle_nodes=args.eagle_nodes or "auto", eagle_tree=args.eagle_tree or "dynamic")
+    if contenders.eagle_model is not None:  # loaded here: chosen as generate() chooses for a draft given by path
+        contenders.eagle_vocab_size, contenders.eagle_form = eagle_vocab_choice(
+            contenders.eagle_model, target, "auto", saved_tokenizer(target), loaded=True)
     if args.draft:
         quantization = None if args.draft_quantization == "none" else args.draft_quantization
         draft = resolve_draft_and_tokenizers(args.draft, target, draft_quantization=quantization)

@@ -67,6 +67,19 @@ def cheaper_vocab_size(draft, tokenizer) -> tuple[int | None, str]:
     """The fewest lowest ids covering ``MIN_COVERAGE`` of the reference text, where scoring only them times
     ``MIN_SAVING`` faster than the whole output layer; else None. And why."""
     vocab = draft.get_output_embeddings().weight.shape[0]
+
+    def seconds(size: int) -> tuple[float, float]:
+        head = TokenMap.lowest_ids(size, vocab).head_of(draft)
+        timed = forward_seconds_by_model({"whole": (draft, None), "subset": (draft, head)}, CONTEXT)
+        return timed["whole"], timed["subset"]
+
+    return vocab_subset_that_pays(vocab, tokenizer, seconds, "a draft token")
+
+
+def vocab_subset_that_pays(vocab: int, tokenizer, seconds, unit: str) -> tuple[int | None, str]:
+    """The fewest lowest ids (of ``VOCAB_SIZES``) covering ``MIN_COVERAGE`` of the reference text, where
+    ``seconds(size)`` (a step's time with the whole vocabulary, with only those ids) says they save ``MIN_SAVING``
+    of a step; else None. And why (``unit``: what one timed step is)."""
     if tokenizer is None:
         return None, "the whole vocabulary: no tokenizer to size a subset by"
     coverage = lowest_ids_coverage(tokenizer, tuple(size for size in VOCAB_SIZES if size < vocab))
@@ -74,11 +87,10 @@ def cheaper_vocab_size(draft, tokenizer) -> tuple[int | None, str]:
     if size is None:
         return None, f"the whole vocabulary: no subset of {'/'.join(map(str, VOCAB_SIZES))} ids covers " \
                      f"{MIN_COVERAGE:.0%} of the reference text"
-    head = TokenMap.lowest_ids(size, vocab).head_of(draft)
-    seconds = forward_seconds_by_model({"whole": (draft, None), "subset": (draft, head)}, CONTEXT)
-    verdict = (f"{size} ids cover {coverage[size]:.1%} of the reference text; {seconds['subset'] * 1e3:.1f} ms a "
-               f"draft token against {seconds['whole'] * 1e3:.1f} ms with all {vocab}")
-    if seconds["subset"] <= (1 - MIN_SAVING) * seconds["whole"]:
+    whole, subset = seconds(size)
+    verdict = (f"{size} ids cover {coverage[size]:.1%} of the reference text; {subset * 1e3:.1f} ms {unit} "
+               f"against {whole * 1e3:.1f} ms with all {vocab}")
+    if subset <= (1 - MIN_SAVING) * whole:
         return size, verdict
     return None, f"the whole vocabulary ({verdict})"
 

@@ -133,7 +133,12 @@ def _target_tokenizer(target, target_tokenizer, draft_tokenizer):
     """The target's tokenizer as given or, to compare with a known draft tokenizer, as saved with the target."""
     if target_tokenizer is not None or draft_tokenizer is None:
         return target_tokenizer
-    return _load_tokenizer(target.name_or_path, None, None, local_only=True)
+    return saved_tokenizer(target)
+
+
+def saved_tokenizer(model):
+    """The tokenizer saved with ``model`` (local files only), or None where none is found."""
+    return _load_tokenizer(model.name_or_path, None, None, local_only=True) if model.name_or_path else None
 
 
 def _vocab_size(model) -> int:
@@ -229,5 +234,5 @@ def _load_tokenizer(name: str, revision: str | None, token, local_only: bool = F
     try:
         return AutoTokenizer.from_pretrained(name, revision=revision, token=token, local_files_only=local_only)
     except (OSError, ValueError) as error:
-        logger.warning("could not load the tokenizer of %s (%s); comparing vocabulary sizes only", name, error)
+        logger.warning("could not load the tokenizer of %s (%s)", name, error)
         return None

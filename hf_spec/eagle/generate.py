@@ -11,9 +11,13 @@ from ..engine.memory import pair_memory
 from ..engine.loop import speculative_generate
 from ..engine.schedule import SpeculationLength
 from ..engine.trees import resolve_tree, validate_tree
-from ..settings import TREE_DEPTH, TREE_TOP_K
+from ..draft.forms import AUTO
+from ..draft.generate import draft_token_map
+from ..draft.loading import saved_tokenizer
+from ..settings import DRAFT_VOCAB_SIZE, TREE_DEPTH, TREE_TOP_K
 from ..verify import Acceptance, get_verifier
 from .auto import AutoDynamicTree, TreeConfidence
+from .forms import eagle_vocab_choice
 from .loading import load_eagle_draft
 from .model import EagleDraft
 from .proposer import EagleProposer
@@ -63,7 +67,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
              eagle_model=None, num_speculative_tokens: int | str = LENGTH.default, tree: str = "dynamic",
              tree_depth: int = 5, tree_top_k: int = 8, cache_costs: bool = True,
              tree_verifier: str = "auto", revision: str | None = None, token=None, token_streamer=None,
-             stop_strings=None, target_tokenizer=None, **model_kwargs):
+             stop_strings=None, target_tokenizer=None, draft_vocab_size: int | str | None = AUTO, **model_kwargs):
     """EAGLE decoding for ``model.generate(custom_generate=...)``.
 
     eagle_model: a Hub id or a folder (EAGLE-1/2, EAGLE-3 or speculators layout; ``revision``/``token`` go to
@@ -73,8 +77,13 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     most probable nodes in one forward; "auto" (the default): each step, the node count up to ``AUTO_MAX_NODES``
     (0 = plain decoding) that the measured costs and the draft's calibrated probabilities say is fastest
     (``hf_spec.eagle.auto.AutoDynamicTree``; ``cache_costs=False`` forgets earlier calls). tree_verifier:
-    "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch". token_streamer, target_tokenizer: what generate() calls streamer and
-    tokenizer (see ``hf_spec.draft.generate``).
+    "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
+    draft_vocab_size: an EAGLE-1/2 draft scores proposals with the target's output layer; with an int it scores
+    only that many of the lowest target ids, plus eos and the prompts' tokens (cheaper levels, the same output).
+    "auto" (the default, for a draft given by id or path): a subset sized by coverage where a proposal times
+    faster with it here (``hf_spec.eagle.forms``); None: the whole vocabulary. An EAGLE-3 draft scores its own
+    vocabulary. What was chosen, and why, is in the statistics' ``choices``.
+    token_streamer, target_tokenizer: what generate() calls streamer and tokenizer (see ``hf_spec.draft.generate``).
     """
     call = DecodingCall.of("eagle", model, input_ids, logits_processor, stopping_criteria, generation_config,
                            token_streamer=token_streamer, stop_strings=stop_strings,
@@ -84,9 +93,16 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     TREE_TOP_K.check("tree_top_k", tree_top_k, "strategy='eagle': ")
     paths = static_tree(tree)
     verifier = get_verifier(tree_verifier, model.device)
+    if draft_vocab_size is not None:
+        DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)
     draft = resolve_eagle(eagle_model, model, revision, token)
+    draft_vocab_size, vocabulary = eagle_vocab_choice(draft, model, draft_vocab_size,
+                                                      target_tokenizer or saved_tokenizer(model),
+                                                      loaded=not isinstance(eagle_model, EagleDraft))
+    token_map = draft_token_map(draft_vocab_size, model, call.input_ids, call.generation_config)
     if paths is not None:  # ranks among the draft's own vocabulary
-        validate_tree(paths, vocab_size=draft.lm_head.out_features if draft.version == 3 else draft.config.vocab_size)
+        own = draft.lm_head.out_features if draft.version == 3 else draft.config.vocab_size
+        validate_tree(paths, vocab_size=own if token_map is None else token_map.size)
     confidence = None
 
     def auto() -> AutoDynamicTree:
@@ -97,6 +113,6 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
 
     schedule = LENGTH.schedule(num_speculative_tokens, auto, fixed=None if paths is None else len(paths))
     proposer = EagleProposer(draft, model, call.padding_mask, call.batch_size, tree_depth, tree_top_k, confidence,
-                             paths)
-    return speculative_generate(call, proposer, schedule,
-                                Acceptance(call.do_sample, tree_rules=verifier), verifier)
+                             paths, head=None if token_map is None else token_map.head_of(model))
+    return speculative_generate(call, proposer, schedule, Acceptance(call.do_sample, tree_rules=verifier), verifier,
+                                choices={"draft form": vocabulary})

@@ -27,19 +27,22 @@ class EagleProposer:
     (ties: shallower first, so every kept node's parent is kept) form the row's tree. The tree's entries leave
     the draft's cache before the call returns. Candidates are distinct siblings ranked by the raw draft logits,
     independent of verification's random draws: the tree rule keeps sampling exact.
+    ``head``: what scores an EAGLE-1/2 draft's outputs (default: the target's output layer; ``TokenMap.head_of``
+    scores a subset of its ids, -inf elsewhere). An EAGLE-3 draft scores with its own.
     """
 
     name = "eagle"
 
     def __init__(self, draft: EagleDraft, target, padding_mask: torch.Tensor | None, batch_size: int = 1,
                  tree_depth: int = 5, tree_top_k: int = 8, confidence: TreeConfidence | None = None,
-                 static_tree: list[tuple[int, ...]] | None = None):
+                 static_tree: list[tuple[int, ...]] | None = None, head=None):
         self.draft, self.depth, self.top_k = draft, tree_depth, tree_top_k
         self.static_tree = static_tree  # paths of draft ranks (as Medusa's trees), instead of the dynamic tree
         self._static_buffers: dict[int, TreeBuffers] = {}
         self.confidence = confidence  # hears each tree's candidate probabilities (num_speculative_tokens="auto")
         self.hidden_layers = draft.hidden_layers
-        self.embedding, self.head = target.get_input_embeddings(), target.get_output_embeddings()
+        self.embedding = target.get_input_embeddings()
+        self.head = target.get_output_embeddings() if head is None else head  # scores EAGLE-1/2 proposals
         self.cache = DynamicCache(config=draft.config)
         self.device = next(draft.parameters()).device
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [batch, cached entries]

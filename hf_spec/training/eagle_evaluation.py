@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from ..eagle.model import EagleDraft
-from ..eagle.proposer import EagleProposer
+from ..eagle.timing import propose_seconds
 from ..engine.costs import Costs, best_tree_size
-from ..engine.timing import median_seconds, tree_verify_seconds
+from ..engine.timing import tree_verify_seconds
 from ..engine.trees import MC_SIM_7B_63, prefix_closed_order
 from .data import IGNORE
 from .eagle_draft import Batch, unrolled
@@ -61,28 +61,6 @@ def draft_ranks(draft: EagleDraft, embedding: nn.Module, data: list[Labelled], s
                 rows += count
                 ends.append(rows - 1)
     return torch.cat(ranks), torch.tensor(ends)
-
-
-def propose_seconds(draft: EagleDraft, target, context: int, paths: list[tuple[int, ...]], repeats: int = 5) -> float:
-    """The draft's time for one step of a static tree of ``paths``: catching up on two new entries (a root and
-    one accepted token), then scoring the tree level by level, on a cache warm with ``context`` entries."""
-    proposer = EagleProposer(draft, target, None, static_tree=paths)
-    feature_size = draft.fc.in_features
-    vocab = draft.config.vocab_size
-    row = torch.randint(vocab, (1, context + 1))
-
-    def feed(count: int):
-        nonlocal row
-        proposer.advance([0], [torch.randn(count, feature_size, dtype=draft.dtype)])
-        row = torch.cat([row, torch.randint(vocab, (1, count))], dim=1)
-
-    feed(context)
-    proposer.propose([row], len(paths), None, False, max_depth=8)  # the catch-up on the context, untimed
-
-    def step():
-        proposer.propose([row], len(paths), None, False, max_depth=8)
-
-    return median_seconds(step, draft.device, repeats, after=lambda: feed(2))
 
 
 def evaluate_draft(draft: EagleDraft, target, data: list[Labelled], steps: int, context: int = 256,
