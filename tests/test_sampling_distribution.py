@@ -159,11 +159,11 @@ def medusa_heads(pair):
     return heads
 
 
-def draw_medusa(target, heads) -> list[tuple]:
+def draw_medusa(target, heads, **kwargs) -> list[tuple]:
     torch.manual_seed(0)
     samples, accepted = [], 0
     for _ in range(DRAWS):
-        out = target.generate(PROMPT, strategy="medusa", medusa_heads=heads, tree=TREE, **SAMPLING)
+        out = target.generate(PROMPT, strategy="medusa", medusa_heads=heads, tree=TREE, **SAMPLING, **kwargs)
         samples.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
         accepted += hf_spec.last_stats().accepted
     return samples, accepted
@@ -190,6 +190,14 @@ def _no_renormalisation(target_probs, node_tokens, children, uniforms):
 def test_tree_sampling_recovers_the_target_distribution(pair, medusa_heads):
     samples, accepted = draw_medusa(pair[0], medusa_heads)
     assert accepted > DRAWS // 2  # candidates were accepted often, so the rule was exercised
+    assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
+
+
+def test_medusa_heads_scoring_a_vocabulary_subset_keep_the_target_distribution(pair, medusa_heads):
+    """draft_vocab_size=1 keeps id 0, eos (2) and the prompt's ids (1, 3, 4): the heads never propose 5."""
+    samples, accepted = draw_medusa(pair[0], medusa_heads, draft_vocab_size=1)
+    assert hf_spec.last_stats().choices["draft form"] == "1 ids (as asked)"
+    assert accepted > 0 and any(5 in sample for sample in samples)
     assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
 
 

@@ -60,13 +60,16 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         print_fn(f"the draft modes' draft: {contenders.draft_form}")
     if contenders.eagle_form:
         print_fn(f"the eagle mode's draft scores {contenders.eagle_form}")
+    if contenders.medusa_form:
+        print_fn(f"the medusa mode's heads score {contenders.medusa_form}")
     report(rows, runs, costs, print_fn)
     if json_path:
         settings = dict(modes=names, ks=ks, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
                         repeats=repeats, do_sample=do_sample, temperature=temperature, warmup=warmup,
                         prompts=[p.question_id for p in prompts], draft_vocab_size=contenders.draft_vocab_size,
                         draft_form=contenders.draft_form, eagle_tree=contenders.eagle_tree,
-                        eagle_vocab_size=contenders.eagle_vocab_size, eagle_form=contenders.eagle_form)
+                        eagle_vocab_size=contenders.eagle_vocab_size, eagle_form=contenders.eagle_form,
+                        medusa_vocab_size=contenders.medusa_vocab_size, medusa_form=contenders.medusa_form)
         write_json(json_path, rows, runs, costs, settings)
     if plot_path:
         plot(plot_path, rows)

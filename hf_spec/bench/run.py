@@ -42,6 +42,8 @@ class Contenders:
     eagle_tree: object = "dynamic"  # the eagle row's tree: "dynamic" or a static tree's paths (train-eagle's tree.json)
     eagle_vocab_size: int | None = None  # the eagle row's draft_vocab_size (an EAGLE-1/2 draft's scored target ids)
     eagle_form: str | None = None  # what the eagle row's draft scores, and why (printed, kept in the JSON)
+    medusa_vocab_size: int | None = None  # the medusa row's draft_vocab_size (the target ids its heads score)
+    medusa_form: str | None = None  # what the medusa row's heads score, and why (printed, kept in the JSON)
 
 
 @dataclass
@@ -112,7 +114,8 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
         kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=int(mode.split("@")[1]),
                       draft_vocab_size=contenders.draft_vocab_size, parallel_draft=mode.startswith("parallel@"))
     elif mode == "medusa":
-        kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree)
+        kwargs.update(strategy="medusa", medusa_heads=contenders.medusa_heads, tree=contenders.tree,
+                      draft_vocab_size=contenders.medusa_vocab_size)
     elif mode == "eagle":
         kwargs.update(strategy="eagle", eagle_model=contenders.eagle_model, tree=contenders.eagle_tree,
                       num_speculative_tokens=contenders.eagle_nodes, draft_vocab_size=contenders.eagle_vocab_size)

@@ -306,13 +306,14 @@ def run(args: argparse.Namespace) -> int:
 def load_contenders(args: argparse.Namespace):
     """The target and what each mode needs, loaded in ``args.dtype``; the draft modes' draft in the form
     ``--draft-quantization`` and ``--draft-vocab-size`` ask ("auto": chosen as generate() chooses it); an EAGLE-1/2
-    draft scores the vocabulary subset generate()'s "auto" would choose."""
+    draft and Medusa heads score the vocabulary subset generate()'s "auto" would choose."""
     from ..bench.run import Contenders
     from ..draft.generate import vocab_choice
     from ..draft.loading import resolve_draft_and_tokenizers, saved_tokenizer
     from ..eagle import load_eagle_draft
     from ..eagle.forms import eagle_vocab_choice
     from ..medusa import load_medusa_heads
+    from ..medusa.forms import medusa_vocab_choice
 
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=args.dtype).eval()
     contenders = Contenders(target, medusa_heads=load_medusa_heads(args.medusa_heads, base_model=target)
@@ -322,6 +323,9 @@ def load_contenders(args: argparse.Namespace):
     if contenders.eagle_model is not None:  # loaded here: chosen as generate() chooses for a draft given by path
         contenders.eagle_vocab_size, contenders.eagle_form = eagle_vocab_choice(
             contenders.eagle_model, target, "auto", saved_tokenizer(target), loaded=True)
+    if contenders.medusa_heads is not None:  # the same for heads given by path
+        contenders.medusa_vocab_size, contenders.medusa_form = medusa_vocab_choice(
+            contenders.medusa_heads, "auto", saved_tokenizer(target), loaded=True)
     if args.draft:
         quantization = None if args.draft_quantization == "none" else args.draft_quantization
         draft = resolve_draft_and_tokenizers(args.draft, target, draft_quantization=quantization)

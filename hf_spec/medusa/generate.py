@@ -11,9 +11,14 @@ from ..engine.call import DecodingCall
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
 from ..engine.schedule import SpeculationLength
+from ..draft.forms import AUTO
+from ..draft.generate import draft_token_map
+from ..draft.loading import saved_tokenizer
 from ..engine.trees import DEFAULT_TREE, resolve_tree, validate_tree
+from ..settings import DRAFT_VOCAB_SIZE
 from ..verify import Acceptance, get_verifier
 from .accuracy import HeadAccuracy
+from .forms import medusa_vocab_choice
 from .heads import MedusaHeads
 from .loading import load_medusa_heads
 from .proposer import MedusaProposer
@@ -37,7 +42,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
              medusa_heads=None, tree=None, cache_costs: bool = True, acceptance: str = "exact",
              posterior_threshold: float = 0.09, posterior_alpha: float = 0.3, tree_verifier: str = "auto",
              revision: str | None = None, token=None, token_streamer=None, stop_strings=None, target_tokenizer=None,
-             **model_kwargs):
+             draft_vocab_size: int | str | None = AUTO, **model_kwargs):
     """Medusa decoding for ``model.generate(custom_generate=...)``.
 
     medusa_heads: Hub id, local folder (Medusa-1 or Medusa-2 layout) or MedusaHeads; revision/token go to
@@ -48,25 +53,38 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     (``hf_spec.engine.auto.AutoTree``; ``cache_costs=False`` forgets what earlier calls measured).
     acceptance: "exact" (greedy match; lossless sampling) or "typical" (Medusa's lossy rule with
     posterior_threshold and posterior_alpha; sampling only). tree_verifier: "auto" (Triton kernels on CUDA,
-    the torch reference elsewhere), "triton" or "torch". token_streamer, target_tokenizer: what generate()
-    calls streamer and tokenizer (see ``hf_spec.draft.generate``).
+    the torch reference elsewhere), "triton" or "torch".
+    draft_vocab_size: with an int the heads score only that many of the lowest target ids, plus eos and the
+    prompts' tokens (cheaper proposals, the same output); "auto" (the default, for heads given by id or path): a
+    subset sized by coverage where a step of the heads times faster with it here (``hf_spec.medusa.forms``); None:
+    the whole vocabulary. Heads with a truncated vocabulary of their own keep it. What was chosen, and why, is in
+    the statistics' ``choices``. token_streamer, target_tokenizer: what generate() calls streamer and tokenizer
+    (see ``hf_spec.draft.generate``).
     """
     call = DecodingCall.of("medusa", model, input_ids, logits_processor, stopping_criteria, generation_config,
                            token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, **model_kwargs)
     verifier = get_verifier(tree_verifier, model.device)
     rule = Acceptance(call.do_sample, acceptance, posterior_threshold, posterior_alpha, verifier)
+    if draft_vocab_size is not None:
+        DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)
     heads = resolve_heads(medusa_heads, model, revision, token)
-    memory = pair_memory(model, heads, cache_costs)
+    draft_vocab_size, vocabulary = medusa_vocab_choice(heads, draft_vocab_size,
+                                                       target_tokenizer or saved_tokenizer(model),
+                                                       loaded=not isinstance(medusa_heads, MedusaHeads))
+    token_map = draft_token_map(draft_vocab_size, model, call.input_ids, call.generation_config)
+    memory = pair_memory(model, heads, cache_costs)  # the heads as given: what they learn holds for any subset
     if tree in (None, "auto"):  # the default tree, trimmed to the heads' depth
         paths = [path for path in resolve_tree(DEFAULT_TREE) if len(path) <= heads.num_heads]
     else:  # a tree the user chose: refused, not trimmed, where it does not fit the heads
         paths = resolve_tree(tree)
-    validate_tree(paths, num_heads=heads.num_heads, vocab_size=heads.vocab_size)
+    validate_tree(paths, num_heads=heads.num_heads,
+                  vocab_size=heads.vocab_size if token_map is None else token_map.size)
     if memory.head_accuracy is None:
         memory.head_accuracy = HeadAccuracy(heads.num_heads)
-    proposer = MedusaProposer(heads, paths, memory.head_accuracy, all_heads=tree == "auto")
+    proposing = heads if token_map is None else heads.restricted_to(token_map)
+    proposer = MedusaProposer(proposing, paths, memory.head_accuracy, all_heads=tree == "auto")
     schedule = LENGTH.schedule("auto", lambda: AutoTree(memory.costs, memory.head_accuracy, proposer.paths,
                                                         cadence=memory.probe_cadence),
                                fixed=None if tree == "auto" else len(paths))
-    return speculative_generate(call, proposer, schedule, rule, verifier)
+    return speculative_generate(call, proposer, schedule, rule, verifier, choices={"draft form": vocabulary})

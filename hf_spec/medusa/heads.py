@@ -71,6 +71,15 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
+    """An output layer [out, in] holding ``weight`` (and ``bias``) itself: no initialisation, no copy."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias, requires_grad=False)
+    return linear
+
+
 class MedusaHeads(nn.Module):
     """``num_heads`` heads of ``num_layers`` ResBlocks each, on a base model with ``hidden_size`` and ``vocab_size``.
 
@@ -126,15 +135,13 @@ class MedusaHeads(nn.Module):
     def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """hidden: [..., hidden_size] -> logits [num_heads, ..., vocab_size] (the first ``num_heads`` only)."""
         out = torch.stack([head(hidden) for head in self.heads[:num_heads]])
-        if self.token_map is not None:
-            return self.token_map.to_full(out)
-        if not self.shared_lm_head:
-            return out
-        if not self._base_lm_head:
-            raise RuntimeError("These Medusa heads share the base model's lm_head: call heads.attach(model) first "
-                               "(or load them with base_model=).")
-        lm_head = self._base_lm_head[0]
-        return lm_head(out.to(lm_head.weight.dtype))
+        if self.shared_lm_head:  # one matmul for every head: the output layer is read once
+            if not self._base_lm_head:
+                raise RuntimeError("These Medusa heads share the base model's lm_head: call heads.attach(model) "
+                                   "first (or load them with base_model=).")
+            lm_head = self._base_lm_head[0]
+            out = lm_head(out.to(lm_head.weight.dtype))
+        return out if self.token_map is None else self.token_map.to_full(out)
 
     @classmethod
     def for_model(cls, model, num_heads: int = 5, num_layers: int = 1, shared_lm_head: bool = False) -> "MedusaHeads":
@@ -162,6 +169,32 @@ class MedusaHeads(nn.Module):
             state[f"heads.{i}.{self.num_layers}.weight"] = lm_head.weight.detach().to(self.dtype)
         full.load_state_dict(state, strict=True)
         return full
+
+    def restricted_to(self, token_map: TokenMap) -> "MedusaHeads":
+        """Heads whose output layers score only ``token_map``'s ids: the rows of each head's output layer (of the
+        base lm_head, shared by every head, in the shared layout); the ResBlocks are these heads' own modules, so
+        neither these heads nor the base model change. Refused for heads with a token_map of their own."""
+        if self.token_map is not None:
+            raise ValueError(f"These heads already score a truncated vocabulary ({self.token_map.size} of "
+                             f"{self.vocab_size} ids, their token_map): drop draft_vocab_size=.")
+        if self.shared_lm_head and not self._base_lm_head:
+            raise RuntimeError("Attach the base model first (heads.attach(model)): its lm_head is what is restricted.")
+        base = self._base_lm_head[0] if self.shared_lm_head else None
+        with torch.device("meta"):  # every parameter is replaced below: nothing to initialise
+            restricted = MedusaHeads(self.hidden_size, self.vocab_size, self.num_heads, self.num_layers,
+                                     self.base_model_name_or_path, shared_lm_head=self.shared_lm_head)
+        restricted.token_map = token_map  # in memory only: no file layout holds a shared lm_head's subset
+        for i, head in enumerate(self.heads):
+            blocks = list(head[:self.num_layers])
+            if base is None:
+                blocks.append(_linear(token_map.rows_of(head[self.num_layers].weight.detach())))
+            restricted.heads[i] = nn.Sequential(*blocks)
+        if base is not None:  # the rows of the base lm_head, still one matmul for every head
+            bias = getattr(base, "bias", None)
+            restricted.base_lm_head = _linear(token_map.rows_of(base.weight.detach()),
+                                              None if bias is None else token_map.rows_of(bias.detach()))
+        restricted.name_or_path = self.name_or_path
+        return restricted
 
     def upstream_state_dict(self) -> dict[str, torch.Tensor]:
         """The state dict under upstream's key names (``{i}.{j}.linear.weight`` ...)."""

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..engine.costs import Costs, best_tree_size, tree_rate
-from ..engine.timing import median_seconds, tree_verify_seconds
+from ..engine.timing import tree_verify_seconds
 from ..engine.trees import MC_SIM_7B_63, NAMED_TREES, prefix_closed_order
 from ..medusa.accuracy import HeadAccuracy
+from ..medusa.forms import heads_seconds
 from ..medusa.heads import MedusaHeads
 from .data import IGNORE, HiddenStates
 
@@ -85,16 +86,6 @@ def replayed_tokens_per_step(ranks: torch.LongTensor, paths: list[tuple[int, ...
     if not steps[0]:
         return [1.0] * (len(paths) + 1)
     return (tokens.float() / steps.float()).tolist()
-
-
-def heads_seconds(heads: MedusaHeads, repeats: int = 5, num_heads: int | None = None) -> float:
-    """The heads' time for one step (one hidden state in, the first ``num_heads`` heads' logits and top-k out;
-    all heads by default)."""
-    device = next(heads.parameters()).device
-    hidden = torch.randn(heads.hidden_size, device=device, dtype=heads.dtype)
-    with torch.no_grad():
-        heads(hidden, num_heads).topk(10, dim=-1)  # warm-up
-        return median_seconds(lambda: heads(hidden, num_heads).topk(10, dim=-1), device, repeats)
 
 
 def measure_costs(model, heads: MedusaHeads, context: int, paths: list[tuple[int, ...]],
