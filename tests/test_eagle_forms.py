@@ -86,6 +86,17 @@ def test_auto_without_a_tokenizer_keeps_the_whole_vocabulary(target, folders, pr
     assert not timed
 
 
+def test_the_targets_saved_tokenizer_is_read_only_where_auto_measures(target, folders, eagle1, prompt, monkeypatch):
+    monkeypatch.setattr(eagle_forms, "saved_tokenizer", lambda model: pytest.fail("nothing to measure"))
+    eagle(target, prompt, eagle1, draft_vocab_size=30, **TREE)
+    eagle(target, prompt, eagle1, **TREE)
+    eagle(target, prompt, str(folders["eagle3"]), **TREE)
+    subset_pays(monkeypatch, 0.5)
+    monkeypatch.setattr(eagle_forms, "saved_tokenizer", lambda model: char_tokenizer())
+    eagle(target, prompt, str(folders["eagle1"]), **TREE)
+    assert hf_spec.last_stats().choices["draft form"].startswith("30 ids cover 95.0%")
+
+
 def test_an_eagle_draft_object_is_used_as_given(target, eagle1, prompt, monkeypatch):
     timed = subset_pays(monkeypatch, 0.5)
     eagle(target, prompt, eagle1, tokenizer=char_tokenizer(), **TREE)

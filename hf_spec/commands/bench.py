@@ -309,7 +309,7 @@ def load_contenders(args: argparse.Namespace):
     draft and Medusa heads score the vocabulary subset generate()'s "auto" would choose."""
     from ..bench.run import Contenders
     from ..draft.generate import vocab_choice
-    from ..draft.loading import resolve_draft_and_tokenizers, saved_tokenizer
+    from ..draft.loading import resolve_draft_and_tokenizers
     from ..eagle import load_eagle_draft
     from ..eagle.forms import eagle_vocab_choice
     from ..medusa import load_medusa_heads
@@ -322,10 +322,10 @@ def load_contenders(args: argparse.Namespace):
                             eagle_nodes=args.eagle_nodes or "auto", eagle_tree=args.eagle_tree or "dynamic")
     if contenders.eagle_model is not None:  # loaded here: chosen as generate() chooses for a draft given by path
         contenders.eagle_vocab_size, contenders.eagle_form = eagle_vocab_choice(
-            contenders.eagle_model, target, "auto", saved_tokenizer(target), loaded=True)
+            contenders.eagle_model, target, "auto", None, loaded=True)
     if contenders.medusa_heads is not None:  # the same for heads given by path
         contenders.medusa_vocab_size, contenders.medusa_form = medusa_vocab_choice(
-            contenders.medusa_heads, "auto", saved_tokenizer(target), loaded=True)
+            contenders.medusa_heads, target, "auto", None, loaded=True)
     if args.draft:
         quantization = None if args.draft_quantization == "none" else args.draft_quantization
         draft = resolve_draft_and_tokenizers(args.draft, target, draft_quantization=quantization)

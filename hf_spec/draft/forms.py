@@ -76,6 +76,21 @@ def cheaper_vocab_size(draft, tokenizer) -> tuple[int | None, str]:
     return vocab_subset_that_pays(vocab, tokenizer, seconds, "a draft token")
 
 
+def asked_vocabulary(requested: int | None) -> tuple[int | None, str]:
+    """``draft_vocab_size`` as given (an int or None), and how the statistics say it."""
+    return requested, "the whole vocabulary" if requested is None else f"{requested} ids (as asked)"
+
+
+def fastest_alternated(runs: dict, rounds: int = 2) -> dict[str, float]:
+    """Each of ``runs`` ({name: a function timing one form, in seconds}) taken in turn, ``rounds`` times; the
+    fastest time of each, so that the machine's load between them weighs on every form alike."""
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            times[name].append(run())
+    return {name: min(seconds) for name, seconds in times.items()}
+
+
 def vocab_subset_that_pays(vocab: int, tokenizer, seconds, unit: str) -> tuple[int | None, str]:
     """The fewest lowest ids (of ``VOCAB_SIZES``) covering ``MIN_COVERAGE`` of the reference text, where
     ``seconds(size)`` (a step's time with the whole vocabulary, with only those ids) says they save ``MIN_SAVING``

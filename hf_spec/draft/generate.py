@@ -19,7 +19,7 @@ from ..lookup.hybrid import beside_prompt_lookup
 from ..settings import DRAFT_VOCAB_SIZE
 from ..token_map import TokenMap
 from .cross_tokenizer import CrossTokenizerProposer
-from .forms import AUTO, cheaper_vocab_size, is_auto
+from .forms import AUTO, asked_vocabulary, cheaper_vocab_size, is_auto
 from .loading import ResolvedDraft, resolve_draft_and_tokenizers
 from .parallel import ParallelDraftProposer, ParallelLength, uses_parallel_drafting
 from .proposer import DraftModelProposer
@@ -92,7 +92,7 @@ def vocab_choice(draft: ResolvedDraft, requested) -> tuple[int | None, str]:
     package loaded that shares the target's tokenizer (``hf_spec.draft.forms.cheaper_vocab_size``, once per draft);
     else the whole vocabulary."""
     if not is_auto(requested):
-        return requested, "the whole vocabulary" if requested is None else f"{requested} ids (as asked)"
+        return asked_vocabulary(requested)
     if draft.tokenizers is not None:
         return None, "the whole vocabulary (the draft has its own tokenizer)"
     if not draft.loaded:

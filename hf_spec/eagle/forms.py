@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import weakref
 
-from ..draft.forms import is_auto, vocab_subset_that_pays
+from ..draft.forms import asked_vocabulary, fastest_alternated, is_auto, vocab_subset_that_pays
+from ..draft.loading import saved_tokenizer
 from ..token_map import TokenMap
 from .model import EagleDraft
 from .timing import propose_seconds
@@ -25,7 +26,7 @@ _CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> (s
 def eagle_vocab_choice(draft: EagleDraft, target, requested, tokenizer, loaded: bool) -> tuple[int | None, str]:
     """``draft_vocab_size`` as the EAGLE proposer takes it (an int or None: the whole vocabulary) and why.
     ``loaded``: the package loaded the draft (by id or path), so "auto" may choose; ``tokenizer``: the target's, to
-    size a subset by (None: none is chosen)."""
+    size a subset by (None: the one saved with the target, read only where "auto" measures)."""
     vocab = target.get_output_embeddings().weight.shape[0]
     if draft.version == 3:
         own = draft.lm_head.out_features
@@ -35,17 +36,17 @@ def eagle_vocab_choice(draft: EagleDraft, target, requested, tokenizer, loaded: 
                          f"{vocab} ids, its d2t), so the size is the draft's; draft_vocab_size applies to EAGLE-1/2 "
                          "drafts. Drop draft_vocab_size=.")
     if not is_auto(requested):
-        return requested, "the whole vocabulary" if requested is None else f"{requested} ids (as asked)"
+        return asked_vocabulary(requested)
     if not loaded:
         return None, "the whole vocabulary (a draft object is used as given)"
     if draft not in _CHOICES:
-        def seconds(size: int) -> tuple[float, float]:  # alternated, the faster of two timings each
-            heads = {"whole": None, "subset": TokenMap.lowest_ids(size, vocab).head_of(target)}
-            times = {name: [] for name in heads}
-            for _ in range(2):
-                for name, head in heads.items():
-                    times[name].append(propose_seconds(draft, target, CONTEXT, nodes=NODES, head=head))
-            return min(times["whole"]), min(times["subset"])
+        def seconds(size: int) -> tuple[float, float]:
+            subset = TokenMap.lowest_ids(size, vocab).head_of(target)
+            timed = fastest_alternated({
+                "whole": lambda: propose_seconds(draft, target, CONTEXT, nodes=NODES),
+                "subset": lambda: propose_seconds(draft, target, CONTEXT, nodes=NODES, head=subset)})
+            return timed["whole"], timed["subset"]
 
+        tokenizer = tokenizer if tokenizer is not None else saved_tokenizer(target)
         _CHOICES[draft] = vocab_subset_that_pays(vocab, tokenizer, seconds, f"a {NODES}-node proposal")
     return _CHOICES[draft]

@@ -6,14 +6,13 @@ import os
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
+from ..draft.forms import AUTO
+from ..draft.generate import draft_token_map
 from ..engine.call import DecodingCall
 from ..engine.memory import pair_memory
 from ..engine.loop import speculative_generate
 from ..engine.schedule import SpeculationLength
 from ..engine.trees import resolve_tree, validate_tree
-from ..draft.forms import AUTO
-from ..draft.generate import draft_token_map
-from ..draft.loading import saved_tokenizer
 from ..settings import DRAFT_VOCAB_SIZE, TREE_DEPTH, TREE_TOP_K
 from ..verify import Acceptance, get_verifier
 from .auto import AutoDynamicTree, TreeConfidence
@@ -96,8 +95,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     if draft_vocab_size is not None:
         DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)
     draft = resolve_eagle(eagle_model, model, revision, token)
-    draft_vocab_size, vocabulary = eagle_vocab_choice(draft, model, draft_vocab_size,
-                                                      target_tokenizer or saved_tokenizer(model),
+    draft_vocab_size, vocabulary = eagle_vocab_choice(draft, model, draft_vocab_size, target_tokenizer,
                                                       loaded=not isinstance(eagle_model, EagleDraft))
     token_map = draft_token_map(draft_vocab_size, model, call.input_ids, call.generation_config)
     if paths is not None:  # ranks among the draft's own vocabulary

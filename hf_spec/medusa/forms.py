@@ -13,7 +13,8 @@ import weakref
 
 import torch
 
-from ..draft.forms import is_auto, vocab_subset_that_pays
+from ..draft.forms import asked_vocabulary, fastest_alternated, is_auto, vocab_subset_that_pays
+from ..draft.loading import saved_tokenizer
 from ..engine.timing import median_seconds
 from ..token_map import TokenMap
 from .heads import MedusaHeads
@@ -31,26 +32,26 @@ def heads_seconds(heads: MedusaHeads, repeats: int = 5, num_heads: int | None = 
         return median_seconds(lambda: heads(hidden, num_heads).topk(10, dim=-1), device, repeats)
 
 
-def medusa_vocab_choice(heads: MedusaHeads, requested, tokenizer, loaded: bool) -> tuple[int | None, str]:
+def medusa_vocab_choice(heads: MedusaHeads, target, requested, tokenizer, loaded: bool) -> tuple[int | None, str]:
     """``draft_vocab_size`` as the Medusa proposer takes it (an int or None: the heads' whole vocabulary) and why.
     ``loaded``: the package loaded the heads (by id or path), so "auto" may choose; ``tokenizer``: the target's, to
-    size a subset by (None: none is chosen)."""
+    size a subset by (None: the one saved with the target, read only where "auto" measures)."""
     if heads.token_map is not None:
+        own = f"{heads.token_map.size} of {heads.vocab_size} ids"
         if requested is None or is_auto(requested):
-            return None, f"the heads' own vocabulary ({heads.token_map.size} of {heads.vocab_size} ids)"
-        heads.restricted_to(TokenMap.lowest_ids(requested, heads.vocab_size))  # refused, with what to do
+            return None, f"the heads' own vocabulary ({own})"
+        raise ValueError(f"draft_vocab_size={requested}: these heads already score a truncated vocabulary ({own}, "
+                         "their token_map). Drop draft_vocab_size=.")
     if not is_auto(requested):
-        return requested, "the whole vocabulary" if requested is None else f"{requested} ids (as asked)"
+        return asked_vocabulary(requested)
     if not loaded:
         return None, "the whole vocabulary (a heads object is used as given)"
     if heads not in _CHOICES:
-        def seconds(size: int) -> tuple[float, float]:  # alternated, the faster of two timings each
-            forms = {"whole": heads, "subset": heads.restricted_to(TokenMap.lowest_ids(size, heads.vocab_size))}
-            times = {name: [] for name in forms}
-            for _ in range(2):
-                for name, form in forms.items():
-                    times[name].append(heads_seconds(form))
-            return min(times["whole"]), min(times["subset"])
+        def seconds(size: int) -> tuple[float, float]:
+            subset = heads.restricted_to(TokenMap.lowest_ids(size, heads.vocab_size))
+            timed = fastest_alternated({"whole": lambda: heads_seconds(heads), "subset": lambda: heads_seconds(subset)})
+            return timed["whole"], timed["subset"]
 
+        tokenizer = tokenizer if tokenizer is not None else saved_tokenizer(target)
         _CHOICES[heads] = vocab_subset_that_pays(heads.vocab_size, tokenizer, seconds, "a step of the heads")
     return _CHOICES[heads]

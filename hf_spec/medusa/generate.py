@@ -6,14 +6,13 @@ import os
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
+from ..draft.forms import AUTO
+from ..draft.generate import draft_token_map
 from ..engine.auto import AutoTree
 from ..engine.call import DecodingCall
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
 from ..engine.schedule import SpeculationLength
-from ..draft.forms import AUTO
-from ..draft.generate import draft_token_map
-from ..draft.loading import saved_tokenizer
 from ..engine.trees import DEFAULT_TREE, resolve_tree, validate_tree
 from ..settings import DRAFT_VOCAB_SIZE
 from ..verify import Acceptance, get_verifier
@@ -69,8 +68,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     if draft_vocab_size is not None:
         DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)
     heads = resolve_heads(medusa_heads, model, revision, token)
-    draft_vocab_size, vocabulary = medusa_vocab_choice(heads, draft_vocab_size,
-                                                       target_tokenizer or saved_tokenizer(model),
+    draft_vocab_size, vocabulary = medusa_vocab_choice(heads, model, draft_vocab_size, target_tokenizer,
                                                        loaded=not isinstance(medusa_heads, MedusaHeads))
     token_map = draft_token_map(draft_vocab_size, model, call.input_ids, call.generation_config)
     memory = pair_memory(model, heads, cache_costs)  # the heads as given: what they learn holds for any subset
