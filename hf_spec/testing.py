@@ -93,3 +93,17 @@ def oracle_head_logits(reference: torch.LongTensor, ranks: list[int]):
         return logits
 
     return head_logits
+
+
+def proposed_tokens(monkeypatch, proposer_class) -> list[int]:
+    """Every token ``proposer_class``'s proposals hold from now on (``monkeypatch``: pytest's, which undoes it)."""
+    seen = []
+    real = proposer_class.propose
+
+    def propose(self, *args, **kwargs):
+        proposal = real(self, *args, **kwargs)
+        seen.extend(proposal.tokens.flatten().tolist())
+        return proposal
+
+    monkeypatch.setattr(proposer_class, "propose", propose)
+    return seen

@@ -9,7 +9,7 @@ from hf_spec.draft import forms
 from hf_spec.eagle import forms as eagle_forms
 from hf_spec.eagle import load_eagle_draft
 from hf_spec.eagle.proposer import EagleProposer
-from hf_spec.testing import char_tokenizer
+from hf_spec.testing import char_tokenizer, proposed_tokens
 from test_eagle import LAYOUTS, NEW_TOKENS, VOCAB, eagle, fit, plain, target, write  # noqa: F401 (target: a fixture)
 
 TREE = dict(num_speculative_tokens=8, tree_depth=4, tree_top_k=4)
@@ -26,22 +26,8 @@ def eagle1(target, folders):
     return fit(load_eagle_draft(folders["eagle1"], target=target), target)
 
 
-def proposed_tokens(monkeypatch) -> list:
-    """Every token the EAGLE proposer proposes from now on."""
-    seen = []
-    real = EagleProposer.propose
-
-    def propose(self, *args, **kwargs):
-        proposal = real(self, *args, **kwargs)
-        seen.extend(proposal.tokens.flatten().tolist())
-        return proposal
-
-    monkeypatch.setattr(EagleProposer, "propose", propose)
-    return seen
-
-
 def test_an_eagle1_draft_proposes_only_the_ids_asked_for_and_decodes_exactly(target, eagle1, prompt, monkeypatch):
-    seen = proposed_tokens(monkeypatch)
+    seen = proposed_tokens(monkeypatch, EagleProposer)
     out = eagle(target, prompt, eagle1, draft_vocab_size=30, **TREE)
     assert torch.equal(out, plain(target, prompt))
     stats = hf_spec.last_stats()

@@ -9,7 +9,7 @@ from hf_spec.draft import forms
 from hf_spec.medusa import MedusaHeads
 from hf_spec.medusa import forms as medusa_forms
 from hf_spec.medusa.proposer import MedusaProposer
-from hf_spec.testing import char_tokenizer
+from hf_spec.testing import char_tokenizer, proposed_tokens
 from hf_spec.token_map import TokenMap
 
 NEW_TOKENS = 20
@@ -41,22 +41,9 @@ def medusa(target, inputs, heads, **kwargs):
     return plain(target, inputs, strategy="medusa", medusa_heads=heads, tree="mc_sim_7b_63", **kwargs)
 
 
-def proposed_tokens(monkeypatch) -> list:
-    seen = []
-    real = MedusaProposer.propose
-
-    def propose(self, *args, **kwargs):
-        proposal = real(self, *args, **kwargs)
-        seen.extend(proposal.tokens.flatten().tolist())
-        return proposal
-
-    monkeypatch.setattr(MedusaProposer, "propose", propose)
-    return seen
-
-
 def test_heads_propose_only_the_ids_asked_for_decode_exactly_and_stay_as_given(target, heads, prompt, monkeypatch):
     before = {name: value.clone() for name, value in heads.state_dict().items()}
-    seen = proposed_tokens(monkeypatch)
+    seen = proposed_tokens(monkeypatch, MedusaProposer)
     out = medusa(target, prompt, heads, draft_vocab_size=30)
     assert torch.equal(out, plain(target, prompt))
     assert hf_spec.last_stats().choices["draft form"] == "30 ids (as asked)"
