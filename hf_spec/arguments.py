@@ -159,6 +159,11 @@ def add_dtype_option(parser: argparse.ArgumentParser, help_extra: str = "") -> N
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP + help_extra)
 
 
+def add_skip_bad_records_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--skip-bad-records", action="store_true",
+                        help="skip and count malformed records instead of stopping at the first")
+
+
 def resolve_dtype_option(args: argparse.Namespace, checkpoint: str | None, device: str = "cpu", print_fn=print):
     """``args.dtype`` ("auto" or a name) resolved once, in place, to a ``torch.dtype`` for ``checkpoint`` (None: a
     model built in code) on ``device``; the choice and why are printed."""

@@ -90,6 +90,20 @@ def test_the_mask_token_is_a_spare_row_a_reserved_token_or_asked_for(tokenizer):
         choose_pard_token(exact, tokenizer, VOCAB_SIZE)
 
 
+def test_a_draft_that_is_already_parallel_keeps_its_mask_token_and_its_learned_row(tokenizer):
+    model = tiny_draft()
+    model.config.pard_token = 7
+    learned = torch.full_like(model.get_input_embeddings().weight[7], 0.5)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[7] = learned
+    assert prepare_draft(model, tokenizer, PardConfig(k=3)) == 7
+    torch.testing.assert_close(model.get_input_embeddings().weight[7], learned)
+    fresh = tiny_draft()
+    assert prepare_draft(fresh, tokenizer, PardConfig(k=3)) == SPARE
+    mean = fresh.get_input_embeddings().weight[:len(tokenizer)].mean(0)
+    torch.testing.assert_close(fresh.get_input_embeddings().weight[SPARE], mean)
+
+
 def test_sequences_from_text_token_ids_and_conversations(tokenizer):
     class Message:
         def __init__(self, role, content):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..arguments import (add_dtype_option, in_range, input_file, model_source, non_negative_float, output_folder,
-                         path_action, positive_float, positive_int, resolve_dtype_option, share)
+from ..arguments import (add_dtype_option, add_skip_bad_records_option, in_range, input_file, model_source,
+                         non_negative_float, output_folder, path_action, positive_float, positive_int,
+                         resolve_dtype_option, share)
 from ..settings import NON_NEGATIVE_COUNT, TRAINING_WINDOW
 from .given import given_fields
 
@@ -58,8 +59,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill: the model's features and distribution over the text as written (chats with "
                              "answers, documents); generate: the model answers each chat's last user turn; auto "
                              "(default): prefill where the text has answers, generate for prompts")
-    parser.add_argument("--skip-bad-records", action="store_true",
-                        help="skip and count malformed records instead of stopping at the first")
+    add_skip_bad_records_option(parser)
     parser.add_argument("--keep-cache", action="store_true",
                         help="keep the labelled shards (OUTPUT/shards; about 9 KB a token for a 1.5B model in "
                              "bfloat16) instead of deleting each once trained on")

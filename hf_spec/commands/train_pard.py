@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..arguments import (add_dtype_option, input_file, model_source, output_folder, path_action, positive_float,
-                         positive_int, probability, resolve_dtype_option, share)
+from ..arguments import (add_dtype_option, add_skip_bad_records_option, input_file, model_source, output_folder,
+                         path_action, positive_float, positive_int, probability, resolve_dtype_option, share)
 from .given import given_fields
 
 NAME = "train-pard"
@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SOURCE[:WEIGHT] ...: files or folders of conversations or text, or python:stdlib / "
                              "python:site-packages (default python:stdlib); text sharing a 13-gram with a Spec-Bench "
                              "question is dropped")
+    add_skip_bad_records_option(parser)
     parser.add_argument("--max-tokens", type=positive_int, help="train on the first N tokens of the mixed data "
                                                                 "(a learning curve's data size)")
     parser.add_argument("--k", type=positive_int, help=f"proposals a step the draft learns (at most {MAX_K})")
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
     dtype = resolve_dtype_option(args, args.draft)
     config = pard.PardConfig(**given_fields(args, pard.PardConfig), bf16=str(dtype) == "torch.bfloat16")
-    data = mix(read_sources(parse_data_specs(args.data)), seed=config.seed)
+    sources = read_sources(parse_data_specs(args.data), skip_bad_records=args.skip_bad_records)
+    data = mix(sources, seed=config.seed)
     pard.train_pard(args.draft, args.output, data, config=config, max_tokens=args.max_tokens, target=args.target,
                     eval_prompts=args.eval_questions, eval_new_tokens=args.eval_new_tokens, resume=args.resume,
                     dtype=dtype, max_steps=args.max_steps)

@@ -4,7 +4,8 @@
     train_pard("Qwen/Qwen2.5-Coder-0.5B-Instruct", "drafts/pard-0.5b", data=texts, config=PardConfig(k=8))
 
 1. the mask token (``pard_token``): an id the text never uses with an embedding row the draft has
-   (``pard_data.choose_pard_token``), its row started at the mean of the vocabulary's embeddings;
+   (``pard_data.choose_pard_token``), its row started at the mean of the vocabulary's embeddings (a draft that is
+   already parallel keeps its token and the row it learned);
 2. the data: text, conversations or token ids (``pard_data.token_sequences``; no target needed), every
    ``eval_every``-th sequence held out;
 3. each step, a batch of sequences with their masked future positions (``pard_layout``: entry (b, j) predicts
@@ -33,7 +34,7 @@ from tqdm.auto import tqdm
 
 from .lora import add_lora, merge_lora
 from .optimization import CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint
-from .pard_data import AUTO, choose_pard_token, padded, split_held_out, token_sequences
+from .pard_data import AUTO, choose_pard_token, own_pard_token, padded, split_held_out, token_sequences
 from .pard_layout import IGNORE, Batch, batch_of, training_layout
 
 CHECKPOINT = "checkpoint.pt"
@@ -97,11 +98,13 @@ class PardEmbedding(nn.Module):
 
 def prepare_draft(model, tokenizer, config: PardConfig) -> int:
     """Set the draft up for training, in place: its mask token (row started at the mean embedding of the
-    tokenizer's tokens), adapters or every weight trainable. Returns the mask token id."""
+    tokenizer's tokens, unless the draft already learned it), adapters or every weight trainable. Returns the mask
+    token id."""
     pard_token = choose_pard_token(model, tokenizer, config.pard_token)
     embedding = model.get_input_embeddings()
-    with torch.no_grad():
-        embedding.weight[pard_token] = embedding.weight[: min(len(tokenizer), embedding.weight.shape[0])].mean(0)
+    if pard_token != own_pard_token(model):
+        with torch.no_grad():
+            embedding.weight[pard_token] = embedding.weight[: min(len(tokenizer), embedding.weight.shape[0])].mean(0)
     if config.lora_rank is None:
         model.requires_grad_(True)
     else:

@@ -22,14 +22,23 @@ AUTO = "auto"
 UNUSED_NAME = re.compile(r"^(<\|reserved_special_token_\d+\|>|\[PAD\d+\]|<unused\d+>)$")
 
 
+def own_pard_token(model) -> int | None:
+    """The mask token a parallel draft was trained with (``pard_token`` in its config), else None."""
+    token = getattr(model.config, "pard_token", None)
+    return token if isinstance(token, int) and not isinstance(token, bool) else None
+
+
 def choose_pard_token(model, tokenizer, requested: int | str = AUTO) -> int:
     """The mask token id, decided as upstream does: an id the text never uses, with an embedding row the draft
     already has, so the draft keeps the target's vocabulary (same size, same ids). "auto": the first embedding row
     beyond the tokenizer's vocabulary (Qwen2.5's 151,665: upstream's choice for its Qwen drafts), else the lowest id
     whose token is named unused: reserved (Llama 3's ``<|reserved_special_token_N|>``: upstream's for Llama) or a
     filler such as ``[PAD151665]`` (a tokenizer padded to the embedding's size); else refused with what to pass.
-    An int: that id (checked to be a row of the embedding)."""
+    A draft that is already parallel (``pard_token`` in its config, e.g. a draft trained here or upstream's, adapted
+    further on new text) keeps its own. An int: that id (checked to be a row of the embedding)."""
     rows = model.get_input_embeddings().weight.shape[0]
+    if requested == AUTO and own_pard_token(model) is not None:
+        requested = own_pard_token(model)
     if requested != AUTO:
         if isinstance(requested, bool) or not isinstance(requested, int) or not 0 <= requested < rows:
             raise ValueError(f"pard_token must be 'auto' or an id of the draft's embedding (0 to {rows - 1}); got "
