@@ -242,6 +242,41 @@ def test_a_call_the_lookup_serves_well_spreads_the_drafts_catch_up_over_few_toke
     assert proposer._choose([], 3, both=True) == "fallback"
 
 
+def test_the_catch_up_is_spread_over_what_earlier_calls_made_beyond_this_point():
+    """Where earlier calls stopped long before ``max_new_tokens`` (short answers: RAG, extraction), the draft's
+    catch-up is spread over the tokens they made, not the tokens this call may make."""
+    proposer = _good_draft_beside_lookup()
+    proposer.costs.verify = {1: 0.20, 4: 0.21, 14: 0.23}
+    proposer.propose_seconds = {"draft": 0.06}
+    proposer.costs.catch_up_token = 0.002
+    proposer.start(64)
+    proposer.lacking = 1000
+    assert proposer._choose([], 3, both=True) == "fallback"  # no earlier call: over 64 x 1/3 tokens, as above
+    for made in (8, 10, 6):  # three earlier calls that ended after 6-10 tokens
+        proposer.lengths.begin()
+        proposer.lengths.record(made)
+    proposer.lengths.begin()
+    proposer.start(64)
+    assert proposer._tokens_ahead() == 8
+    assert proposer._choose([], 3, both=True) == "plain"  # + 0.002 x 999 / (8 x 1/3) = 0.75 s a token
+
+
+@pytest.mark.parametrize("num_speculative_tokens", [3, "auto"])
+def test_each_call_s_length_is_recorded_once_for_the_hybrid(target, tokenizer, num_speculative_tokens):
+    """The answers' lengths the hybrid reads are the pair's: recorded by the draft's "auto" schedule where it
+    runs, else by the hybrid's, once a call either way."""
+    from hf_spec.engine.memory import pair_memory
+    from hf_spec.testing import contrary_draft
+
+    draft = contrary_draft(target)  # a pair of its own: its memory is this test's
+    inputs = tokenizer("abcabcabc xyz", return_tensors="pt")
+    for max_new_tokens in (7, 5, 6):
+        target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, strategy="draft",
+                        draft_model=draft, num_speculative_tokens=num_speculative_tokens, prompt_lookup=True)
+    lengths = pair_memory(target, draft).answer_lengths
+    assert list(lengths.finished) == [7, 5] and lengths.current == 6
+
+
 def test_a_call_whose_draft_would_not_repay_its_catch_up_never_runs_it(target, tokenizer, monkeypatch):
     from hf_spec.engine.memory import pair_memory
     from hf_spec.testing import contrary_draft

@@ -10,7 +10,7 @@ import math
 import torch
 from transformers import LogitsProcessorList
 
-from ..engine.estimates import PositionSurvival
+from ..engine.estimates import AnswerLengths, PositionSurvival
 from ..engine.costs import Costs
 from ..engine.memory import pair_memory
 from ..engine.proposer import Proposal, Proposer
@@ -41,8 +41,10 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
                                costs=shared)
     lookup = lookup_proposer(call, num_tokens, max_ngram, schedule, memory.lookup_survival)
     vocab_size = call.model.get_output_embeddings().weight.shape[0]
-    proposer = LookupAndDraftProposer(lookup, fallback, vocab_size, costs=shared or memory.costs)
-    return proposer, LookupAndDraftSchedule(proposer, schedule, fallback_schedule)
+    recorded = getattr(fallback_schedule, "lengths", None)  # an "auto" schedule keeps the answers' lengths itself
+    proposer = LookupAndDraftProposer(lookup, fallback, vocab_size, costs=shared or memory.costs,
+                                      lengths=recorded or memory.answer_lengths)
+    return proposer, LookupAndDraftSchedule(proposer, schedule, fallback_schedule, records_lengths=recorded is None)
 
 
 class LookupAndDraftProposer:
@@ -60,7 +62,9 @@ class LookupAndDraftProposer:
     interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
     its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call,
     the prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the
-    tokens the draft proposes after it gain from it. Where that catch-up is what makes the draft lose, and the
+    tokens the draft proposes after it gain from it; how many the call should still make is what earlier calls
+    made beyond this point (``lengths``, the pair's ``AnswerLengths``: a RAG answer stops long before
+    ``max_new_tokens``), or what it may still make where no earlier call went this far. Where that catch-up is what makes the draft lose, and the
     lookup has nothing better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain
     is deterministic: under sampling its q is one-hot, so the speculative sampling rule keeps the target's
     distribution; the tree of both is proposed under greedy decoding only, as the draft's sampled chain needs its
@@ -69,22 +73,24 @@ class LookupAndDraftProposer:
     hidden_layers = ()
 
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
-                 fallback_survival: PositionSurvival | None = None, costs: Costs | None = None):
+                 fallback_survival: PositionSurvival | None = None, costs: Costs | None = None,
+                 lengths: AnswerLengths | None = None):
         self.lookup, self.fallback, self.vocab_size = lookup, fallback, vocab_size
         self.name = f"{fallback.name}+lookup"
         self.fallback_survival = fallback_survival or PositionSurvival(memory=FALLBACK_MEMORY)
         self.costs = costs or Costs()  # the target's verification time by width (the pair's, shared)
+        self.lengths = lengths or AnswerLengths()  # what earlier calls made (the pair's, shared)
         self.propose_seconds: dict[str, float] = {}  # "draft" (a step it ran in) and "lookup" (alone), smoothed
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
         self.fallback_proposed = 0
-        self.tokens_left = 1  # what the call may still make (``start``)
+        self.max_new_tokens, self.tokens_left = 1, 1  # what the call may make, and still make (``start``)
         self.steps_judged, self.draft_wanted = 0, 0  # this call's steps, and those the draft was the fastest for
         self.lacking = 0  # the tokens the draft's cache lacked at the last step (its catch-up when it ran)
         self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree; rows' nodes by source
 
     def start(self, max_new_tokens: int) -> None:
-        self.tokens_left = max_new_tokens
+        self.max_new_tokens = self.tokens_left = max_new_tokens
         self.steps_judged, self.draft_wanted = 0, 0
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
@@ -147,14 +153,20 @@ class LookupAndDraftProposer:
                 per_token["plain"] = self.costs.verify_cost(1)
         return _fastest(per_token)
 
+    def _tokens_ahead(self) -> float:
+        """The tokens the call should still make: what earlier calls made beyond this call's length, or, where none
+        went this far, all it may still make."""
+        ahead = self.lengths.expected_ahead(self.max_new_tokens - self.tokens_left, self.tokens_left)
+        return self.tokens_left if ahead is None else ahead
+
     def _draft_tokens_ahead(self) -> float:
-        """The tokens the draft should serve if it catches up now: those the call may still make, in the share of
+        """The tokens the draft should serve if it catches up now: those the call should still make, in the share of
         its steps where a source that runs the draft was the fastest, catch-up aside (counted this call, the
         current step included, after ``PRIOR_STEPS`` steps it was not: the catch-up is paid on evidence, as what
         it buys is unknown until the call shows how much the lookup serves). A call the lookup serves well spreads
         the draft's catch-up over few tokens."""
         share = self.draft_wanted / (self.steps_judged + PRIOR_STEPS)
-        return max(self.tokens_left * share, 1.0)
+        return max(self._tokens_ahead() * share, 1.0)
 
     def _catch_up_seconds(self) -> float:
         """The draft's time to feed what its cache lacks beyond a step's usual token (0 until measured: optimistic,
@@ -253,12 +265,18 @@ class LookupAndDraftSchedule(Schedule):
     step of both: each its own accepted tokens); the verification's time by width goes to the proposer's
     ``costs``, unless the schedule that took the step records it there itself (the "auto" schedules).
     The loop gets the larger of the two: when it is 0, as at the start of "auto", the step is plain whoever would
-    propose (the prefill may then score it)."""
+    propose (the prefill may then score it). ``records_lengths``: the call's length goes to the proposer's
+    ``lengths`` from here (where the fallback's schedule does not keep them itself)."""
 
-    def __init__(self, proposer: LookupAndDraftProposer, lookup: Schedule, fallback: Schedule):
+    def __init__(self, proposer: LookupAndDraftProposer, lookup: Schedule, fallback: Schedule,
+                 records_lengths: bool = False):
         self.proposer, self.lookup, self.fallback = proposer, lookup, fallback
+        self.records_lengths, self.made = records_lengths, 0
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
+        self.made = 0
+        if self.records_lengths:
+            self.proposer.lengths.begin()
         self.proposer.start(max_new_tokens)
         self.lookup.start(prompt_length, max_new_tokens)
         self.fallback.start(prompt_length, max_new_tokens)
@@ -270,6 +288,9 @@ class LookupAndDraftSchedule(Schedule):
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         proposer = self.proposer
+        self.made += 1 + min(accepted, default=0)
+        if self.records_lengths:
+            proposer.lengths.record(self.made)
         if proposer.source == "both":  # each hears its own proposals; the verification's width is neither's
             by_draft, by_lookup = proposer.accepted_by_source()
             self.fallback.observe(proposer.fallback_proposed, by_draft, propose_s, None, confidence)
