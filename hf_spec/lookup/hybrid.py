@@ -43,8 +43,8 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     vocab_size = call.model.get_output_embeddings().weight.shape[0]
     recorded = getattr(fallback_schedule, "lengths", None)  # an "auto" schedule keeps the answers' lengths itself
     proposer = LookupAndDraftProposer(lookup, fallback, vocab_size, costs=shared or memory.costs,
-                                      lengths=recorded or memory.answer_lengths)
-    return proposer, LookupAndDraftSchedule(proposer, schedule, fallback_schedule, records_lengths=recorded is None)
+                                      lengths=recorded or memory.answer_lengths, records_lengths=recorded is None)
+    return proposer, LookupAndDraftSchedule(proposer, schedule, fallback_schedule)
 
 
 class LookupAndDraftProposer:
@@ -63,9 +63,10 @@ class LookupAndDraftProposer:
     its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call,
     the prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the
     tokens the draft proposes after it gain from it; how many the call should still make is what earlier calls
-    made beyond this point (``lengths``, the pair's ``AnswerLengths``: a RAG answer stops long before
-    ``max_new_tokens``), or what it may still make where no earlier call went this far. Where that catch-up is what makes the draft lose, and the
-    lookup has nothing better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain
+    made beyond this point (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer
+    records each call's length: a RAG answer stops long before ``max_new_tokens``), or what it may still make
+    where no earlier call went this far. Where that catch-up is what makes the draft lose, and the lookup has
+    nothing better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain
     is deterministic: under sampling its q is one-hot, so the speculative sampling rule keeps the target's
     distribution; the tree of both is proposed under greedy decoding only, as the draft's sampled chain needs its
     q. ``source``: what proposed last ("lookup", "fallback", "both" or "plain")."""
@@ -74,12 +75,13 @@ class LookupAndDraftProposer:
 
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
                  fallback_survival: PositionSurvival | None = None, costs: Costs | None = None,
-                 lengths: AnswerLengths | None = None):
+                 lengths: AnswerLengths | None = None, records_lengths: bool = False):
         self.lookup, self.fallback, self.vocab_size = lookup, fallback, vocab_size
         self.name = f"{fallback.name}+lookup"
         self.fallback_survival = fallback_survival or PositionSurvival(memory=FALLBACK_MEMORY)
         self.costs = costs or Costs()  # the target's verification time by width (the pair's, shared)
         self.lengths = lengths or AnswerLengths()  # what earlier calls made (the pair's, shared)
+        self.records_lengths = records_lengths
         self.propose_seconds: dict[str, float] = {}  # "draft" (a step it ran in) and "lookup" (alone), smoothed
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
@@ -92,6 +94,8 @@ class LookupAndDraftProposer:
     def start(self, max_new_tokens: int) -> None:
         self.max_new_tokens = self.tokens_left = max_new_tokens
         self.steps_judged, self.draft_wanted = 0, 0
+        if self.records_lengths:
+            self.lengths.begin()
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
@@ -228,6 +232,8 @@ class LookupAndDraftProposer:
 
     def advance(self, accepted: list[int], target_hidden=None) -> None:
         self.tokens_left -= 1 + min(accepted, default=0)
+        if self.records_lengths:
+            self.lengths.record(self.max_new_tokens - self.tokens_left)
         if self.source == "lookup":
             self.lookup.advance(accepted)
             return
@@ -265,18 +271,12 @@ class LookupAndDraftSchedule(Schedule):
     step of both: each its own accepted tokens); the verification's time by width goes to the proposer's
     ``costs``, unless the schedule that took the step records it there itself (the "auto" schedules).
     The loop gets the larger of the two: when it is 0, as at the start of "auto", the step is plain whoever would
-    propose (the prefill may then score it). ``records_lengths``: the call's length goes to the proposer's
-    ``lengths`` from here (where the fallback's schedule does not keep them itself)."""
+    propose (the prefill may then score it)."""
 
-    def __init__(self, proposer: LookupAndDraftProposer, lookup: Schedule, fallback: Schedule,
-                 records_lengths: bool = False):
+    def __init__(self, proposer: LookupAndDraftProposer, lookup: Schedule, fallback: Schedule):
         self.proposer, self.lookup, self.fallback = proposer, lookup, fallback
-        self.records_lengths, self.made = records_lengths, 0
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
-        self.made = 0
-        if self.records_lengths:
-            self.proposer.lengths.begin()
         self.proposer.start(max_new_tokens)
         self.lookup.start(prompt_length, max_new_tokens)
         self.fallback.start(prompt_length, max_new_tokens)
@@ -288,9 +288,6 @@ class LookupAndDraftSchedule(Schedule):
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         proposer = self.proposer
-        self.made += 1 + min(accepted, default=0)
-        if self.records_lengths:
-            proposer.lengths.record(self.made)
         if proposer.source == "both":  # each hears its own proposals; the verification's width is neither's
             by_draft, by_lookup = proposer.accepted_by_source()
             self.fallback.observe(proposer.fallback_proposed, by_draft, propose_s, None, confidence)
