@@ -32,9 +32,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 from tqdm.auto import tqdm
 
+from ..draft.parallel import pard_token_of
 from .lora import add_lora, merge_lora
 from .optimization import CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint
-from .pard_data import AUTO, choose_pard_token, own_pard_token, padded, split_held_out, token_sequences
+from .pard_data import AUTO, choose_pard_token, padded, split_held_out, token_sequences
 from .pard_layout import IGNORE, Batch, batch_of, training_layout
 
 CHECKPOINT = "checkpoint.pt"
@@ -102,7 +103,7 @@ def prepare_draft(model, tokenizer, config: PardConfig) -> int:
     token id."""
     pard_token = choose_pard_token(model, tokenizer, config.pard_token)
     embedding = model.get_input_embeddings()
-    if pard_token != own_pard_token(model):
+    if pard_token != pard_token_of(model.config):
         with torch.no_grad():
             embedding.weight[pard_token] = embedding.weight[: min(len(tokenizer), embedding.weight.shape[0])].mean(0)
     if config.lora_rank is None:

@@ -15,17 +15,13 @@ from collections.abc import Iterable
 
 import torch
 
+from ..draft.parallel import pard_token_of
+
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 # tokens that hold a place and mean nothing: Llama 3's, a tokenizer padded to its embedding's size, Gemma's
 UNUSED_NAME = re.compile(r"^(<\|reserved_special_token_\d+\|>|\[PAD\d+\]|<unused\d+>)$")
-
-
-def own_pard_token(model) -> int | None:
-    """The mask token a parallel draft was trained with (``pard_token`` in its config), else None."""
-    token = getattr(model.config, "pard_token", None)
-    return token if isinstance(token, int) and not isinstance(token, bool) else None
 
 
 def choose_pard_token(model, tokenizer, requested: int | str = AUTO) -> int:
@@ -37,8 +33,9 @@ def choose_pard_token(model, tokenizer, requested: int | str = AUTO) -> int:
     A draft that is already parallel (``pard_token`` in its config, e.g. a draft trained here or upstream's, adapted
     further on new text) keeps its own. An int: that id (checked to be a row of the embedding)."""
     rows = model.get_input_embeddings().weight.shape[0]
-    if requested == AUTO and own_pard_token(model) is not None:
-        requested = own_pard_token(model)
+    own = pard_token_of(model.config)
+    if requested == AUTO and own is not None:
+        requested = own
     if requested != AUTO:
         if isinstance(requested, bool) or not isinstance(requested, int) or not 0 <= requested < rows:
             raise ValueError(f"pard_token must be 'auto' or an id of the draft's embedding (0 to {rows - 1}); got "
