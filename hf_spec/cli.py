@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         check_paths(args)
         command.check(args)
         return command.run(args)
-    except KeyboardInterrupt:
-        print(f"{_subparser(parser, args.command).prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as error:  # a trainer that saved its checkpoint says how to go on
+        print(f"{_subparser(parser, args.command).prog}: {str(error) or 'interrupted'}", file=sys.stderr)
         return 130
     except (ValueError, OSError) as error:  # FileNotFoundError is an OSError: bad input, not a bug
         _subparser(parser, args.command).error(_one_line(error))

@@ -276,6 +276,14 @@ def test_interrupt_is_one_line_and_130_and_a_bug_keeps_its_traceback(capsys, mon
     assert main(["simulate"]) == 130
     assert capsys.readouterr().err.strip() == "hf-spec simulate: interrupted"
 
+    def stopped(argv):  # a trainer stopped by Ctrl-C or kill, its checkpoint saved
+        raise KeyboardInterrupt("Stopped at step 3; out/checkpoint.pt is saved: run again with resume to continue.")
+
+    monkeypatch.setattr(hf_spec.commands.simulate, "run", stopped)
+    assert main(["simulate"]) == 130
+    assert capsys.readouterr().err.strip() == ("hf-spec simulate: Stopped at step 3; out/checkpoint.pt is saved: run "
+                                               "again with resume to continue.")
+
     def bug(argv):
         raise RuntimeError("a bug")
 

@@ -2,6 +2,9 @@
 never stopped; shards are deleted once trained on unless kept; milestones make a scaling curve; a run that trained
 on nothing writes no draft and says why, with its numbers."""
 import json
+import os
+import signal
+import time
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from safetensors.torch import load_file
 from hf_spec.conversations import Conversation, Message
 from hf_spec.testing import tiny_causal_lm
 from hf_spec.training.eagle import EagleTrainConfig, evaluate_milestones, train_eagle
+from hf_spec.training.optimization import StopRequest
 from tests.test_eagle_labels import chat_tokenizer
 from tests.test_medusa_train import questions_file
 
@@ -71,6 +75,24 @@ def stopping_after(calls: int):
         return asked[0] >= calls
 
     return stop
+
+
+def _signalled(number: int) -> None:
+    os.kill(os.getpid(), number)
+    time.sleep(0.01)  # Python runs the handler in the main thread at its next check
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; kill, timeout, a job scheduler
+def test_a_signal_asks_for_a_stop_a_second_one_stops_at_once_and_the_handlers_come_back(number):
+    before = {n: signal.getsignal(n) for n in StopRequest.SIGNALS}
+    request = StopRequest()
+    with request.installed():
+        assert not request()
+        _signalled(number)
+        assert request()
+        with pytest.raises(KeyboardInterrupt):
+            _signalled(number)
+    assert {n: signal.getsignal(n) for n in StopRequest.SIGNALS} == before
 
 
 @pytest.mark.parametrize("calls", [2, 9, 14])  # labelling the first shard, labelling a later one, mid-shard

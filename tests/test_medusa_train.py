@@ -92,14 +92,21 @@ def test_shared_lm_head_loss_falls(small_model, successor_data, bf16):
     assert heads.base_lm_head is small_model.get_output_embeddings()  # a bf16 run's bfloat16 copy is gone
 
 
-def test_resume_continues_from_the_saved_step(small_model, successor_data, tmp_path):
+@pytest.mark.parametrize("stopped_by", ["max_steps", "a stop request"])
+def test_resume_continues_from_the_saved_step(small_model, successor_data, tmp_path, stopped_by):
     config = TrainConfig(num_heads=2, epochs=2, batch_size=32, checkpoint_every=5, warmup_steps=3)
     torch.manual_seed(0)
     straight = MedusaHeads.for_model(small_model, num_heads=2)
     torch.manual_seed(0)
     interrupted = MedusaHeads.for_model(small_model, num_heads=2)
     train_heads(straight, successor_data, config, progress=False, max_steps=12)
-    train_heads(interrupted, successor_data, config, tmp_path, progress=False, max_steps=5)
+    if stopped_by == "max_steps":
+        train_heads(interrupted, successor_data, config, tmp_path, progress=False, max_steps=5)
+    else:  # Ctrl-C or kill after four steps, before the clock's checkpoint at the fifth
+        asked = iter(range(1, 100))
+        with pytest.raises(KeyboardInterrupt, match="Stopped at step 4; .*checkpoint.pt is saved"):
+            train_heads(interrupted, successor_data, config, tmp_path, progress=False, max_steps=12,
+                        stop=lambda: next(asked) == 5)  # asked before each step
     log = train_heads(interrupted, successor_data, config, tmp_path, resume=True, progress=False, max_steps=12)
     assert [e["step"] for e in log] == list(range(1, 13))
     for a, b in zip(straight.parameters(), interrupted.parameters()):

@@ -210,8 +210,8 @@ def test_adapters_and_the_mask_row_are_merged_on_save(tmp_path, tokenizer):
         torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits)
 
 
-@pytest.mark.parametrize("lora_rank", [None, 4])
-def test_resume_continues_bitwise(tmp_path, tokenizer, lora_rank):
+@pytest.mark.parametrize("lora_rank, stopped_by", [(None, "max_steps"), (4, "max_steps"), (None, "a stop request")])
+def test_resume_continues_bitwise(tmp_path, tokenizer, lora_rank, stopped_by):
     config = PardConfig(k=3, batch_size=4, learning_rate=1e-3, warmup_steps=2, checkpoint_every=3,
                         lora_rank=lora_rank)
     sequences = token_sequences(patterns(24), tokenizer, 512)
@@ -224,7 +224,13 @@ def test_resume_continues_bitwise(tmp_path, tokenizer, lora_rank):
     straight, token = fresh()
     train_steps(straight, sequences, config, token, progress=False, max_steps=6)
     interrupted, token = fresh()
-    train_steps(interrupted, sequences, config, token, tmp_path, progress=False, max_steps=3)
+    if stopped_by == "max_steps":
+        train_steps(interrupted, sequences, config, token, tmp_path, progress=False, max_steps=3)
+    else:  # Ctrl-C or kill after two steps, before the clock's checkpoint at the third
+        asked = iter(range(1, 100))
+        with pytest.raises(KeyboardInterrupt, match="Stopped at step 2; .*checkpoint.pt is saved"):
+            train_steps(interrupted, sequences, config, token, tmp_path, progress=False, max_steps=6,
+                        stop=lambda: next(asked) == 3)  # asked before each step
     resumed, token = fresh()
     log = train_steps(resumed, sequences, config, token, tmp_path, resume=True, progress=False, max_steps=6)
     assert [entry["step"] for entry in log] == list(range(1, 7))

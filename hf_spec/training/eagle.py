@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -43,8 +42,9 @@ from ..token_map import TokenMap
 from .data import SelfDistillation, frozen_model
 from .eagle_draft import draft_vocabulary, label_mass, new_eagle_draft
 from .eagle_evaluation import evaluate_draft, scaling_row, scaling_table
-from .eagle_stream import CHECKPOINT, MILESTONES, DraftTrainer, StopRequest, TrainingProgress, checkpoint_vocabulary
+from .eagle_stream import CHECKPOINT, MILESTONES, DraftTrainer, TrainingProgress, checkpoint_vocabulary
 from .labelling import Labelled
+from .optimization import stop_requests
 from .shards import LABELS, Labeller, ShardStream
 from .sources import HeldOut, mix, parse_data_specs, read_sources
 
@@ -253,14 +253,14 @@ def train_eagle(model, output_dir: str | Path | None = None, data=None, *, token
     ``checkpoint.pt``, ``shards/``, ``milestones/``, ``cache/`` (the held-out continuations),
     ``eval_questions.jsonl``, ``evaluation.json`` and ``tree.json``. ``dtype``: the target's, when it is loaded
     here (labelling runs in it; the draft trains in float32, under bf16 autocast when it is bfloat16, and is saved
-    in it). ``stop``: a function that says when to stop (default: Ctrl-C); a stopped run raises
-    KeyboardInterrupt and continues with ``resume``."""
+    in it). ``stop``: a function that says when to stop (default: Ctrl-C or ``kill``); a stopped run raises
+    KeyboardInterrupt (saying so) and continues with ``resume``."""
     config = config or EagleTrainConfig()
     run = _set_up(model, output_dir, data, tokenizer, labels, config, questions, eval_every, max_new_tokens,
                   generation_batch_size, skip_bad_records, resume, dtype, progress, print_fn)
-    model, stop = run.model, stop or StopRequest()
+    model = run.model
     resuming = resume and (run.output_dir / CHECKPOINT).is_file()
-    with stop.installed() if isinstance(stop, StopRequest) else nullcontext():
+    with stop_requests(stop) as stop:
         vocab = model.get_output_embeddings().weight.shape[0]
         if resuming:
             ids = checkpoint_vocabulary(run.output_dir)
@@ -271,12 +271,7 @@ def train_eagle(model, output_dir: str | Path | None = None, data=None, *, token
         draft = new_eagle_draft(model, token_map, run.aux_layers, config.intermediate_size).to(model.device)
         trainer = DraftTrainer(draft, model.get_input_embeddings(), run.stream, config, run.output_dir, model.dtype,
                                keep_cache=keep_cache, progress=progress, stop=stop)
-        try:
-            done = trainer.run(resume=resuming, max_steps=max_steps)
-        except KeyboardInterrupt as stopped:  # say how to go on (a second Ctrl-C has no message)
-            if str(stopped):
-                print_fn(str(stopped))
-            raise
+        done = trainer.run(resume=resuming, max_steps=max_steps)
     if not done.step or not done.tokens:
         raise ValueError(nothing_trained(done, run.data))
     print_fn(f"Trained on {done.conversations:,} distinct conversations and {done.tokens:,} labelled tokens "

@@ -8,7 +8,7 @@ the steps and what was trained on); the checkpoint (``checkpoint.pt``: the draft
 the log, the draft vocabulary, the RNG) is written every ``checkpoint_every`` steps or ``checkpoint_minutes``,
 at every shard's end (before the shard is deleted) and when the run is stopped; a run resumed from it continues
 on the same order, so its weights are what an uninterrupted run's would be. Ctrl-C stops at the next step or the
-next group of conversations labelled (a second Ctrl-C stops at once).
+next group of conversations labelled, and so does ``kill`` (a second signal stops at once).
 
 The learning rate warms up over ``warmup_steps`` steps, then stays (``schedule="constant"``: no total needed, the
 scaling curve's milestones are drafts of one schedule, and a run stopped at ``max_tokens`` can be resumed with a
@@ -21,9 +21,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import signal
-import threading
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,7 +31,7 @@ from tqdm.auto import tqdm
 from ..eagle.loading import save_eagle_draft
 from ..eagle.model import EagleDraft
 from .eagle_draft import Batch, draft_index, step_losses
-from .optimization import CheckpointClock
+from .optimization import CheckpointClock, stopped
 from .shards import Shard, ShardStream
 
 CHECKPOINT, MILESTONES = "checkpoint.pt", "milestones"
@@ -74,34 +71,6 @@ def token_schedule_factor(step: int, tokens_seen: int, warmup_steps: int, budget
     if budget is None:
         return warm
     return warm * 0.5 * (1 + math.cos(math.pi * min(tokens_seen / budget, 1.0)))
-
-
-class StopRequest:
-    """Set by Ctrl-C (SIGINT) while ``installed``: the trainer stops at the next point it can resume from; a second
-    Ctrl-C raises KeyboardInterrupt at once. Only the main thread installs the handler."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __call__(self) -> bool:
-        return self.requested
-
-    @contextmanager
-    def installed(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-
-        def handler(signum, frame):
-            if self.requested:
-                raise KeyboardInterrupt
-            self.requested = True
-
-        previous = signal.signal(signal.SIGINT, handler)
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
 
 class DraftTrainer:
@@ -177,8 +146,7 @@ class DraftTrainer:
         self.draft.eval()
         self.save()
         if self.stop():
-            raise KeyboardInterrupt(f"Stopped at step {self.progress.step}; {self.checkpoint} is saved: run again "
-                                    "with resume to continue.")
+            raise stopped(self.progress.step, self.checkpoint)
         return self.progress
 
     def _reopen(self) -> None:

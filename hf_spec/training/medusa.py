@@ -32,7 +32,7 @@ from ..medusa.loading import load_medusa_heads
 from .data import IGNORE, HiddenStates, SelfDistillation, check_samples, frozen_model
 from .medusa_evaluation import evaluate_heads
 from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule,
-                           save_checkpoint)
+                           save_checkpoint, stop_requests, stopped)
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -141,14 +141,16 @@ def head_top1(scores: torch.Tensor, targets: torch.LongTensor) -> list[float]:
 
 def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, output_dir: str | Path | None = None,
                 resume: bool = False, progress: bool = True, max_steps: int | None = None,
-                base_lm_head: nn.Module | None = None, dtype: torch.dtype = torch.float32) -> list[dict]:
+                base_lm_head: nn.Module | None = None, dtype: torch.dtype = torch.float32, stop=None) -> list[dict]:
     """Train ``heads`` (attached to their base model) on ``data``; returns the log (step, loss, top-1 per head).
 
     With ``output_dir`` a checkpoint (heads, optimizer, step, log) is written every ``config.checkpoint_every``
     steps and at the end; ``resume`` loads it and continues from its step on the same batch order.
     ``max_steps`` stops early (for tests and budgets). ``base_lm_head``: the base model's, for
     ``config.soft_targets`` (default: the one shared-layout heads are attached to). ``dtype`` bfloat16 runs the
-    matmuls in bfloat16 (torch.autocast; weights and losses stay float32)."""
+    matmuls in bfloat16 (torch.autocast; weights and losses stay float32). With ``output_dir``, ``stop`` (a
+    function; default: Ctrl-C or ``kill``) stops the run after the current step: the checkpoint is saved and
+    KeyboardInterrupt raised."""
     if heads.base_lm_head is not None:  # the base model stays frozen
         heads.base_lm_head.requires_grad_(False)
     if config.soft_targets or config.greedy_targets:
@@ -170,10 +172,15 @@ def train_heads(heads: MedusaHeads, data: HiddenStates, config: TrainConfig, out
     clock = CheckpointClock(config.checkpoint_every, last, config.checkpoint_minutes)
     bar = tqdm(total=last, initial=step, desc="training heads", unit="step", disable=not progress)
     bf16 = dtype == torch.bfloat16
-    with _bfloat16_lm_heads(heads, base_lm_head) if bf16 else nullcontext(base_lm_head) as base_lm_head:
+    with (_bfloat16_lm_heads(heads, base_lm_head) if bf16 else nullcontext(base_lm_head) as base_lm_head,
+          stop_requests(stop, resumable=checkpoint is not None) as stop):
         heads.train()
         loss_of = _HeadLoss(heads, data, config, base_lm_head, bf16)
         while step < last:
+            if stop():
+                save_checkpoint(checkpoint, "heads", heads, optimizer, schedule, step, log, asdict(config))
+                bar.close()
+                raise stopped(step, checkpoint)
             epoch, index = divmod(step, steps_per_epoch)
             batch = epoch_order(len(data), config.seed, epoch)[index * config.batch_size : (index + 1) * config.batch_size]
             loss, top1 = loss_of(batch)

@@ -1,9 +1,13 @@
 """What every trainer here shares: AdamW with warm-up and cosine decay, an epoch's batch order that depends on the
-seed and the epoch only, and a checkpoint written atomically that ``--resume`` continues from, on the same order."""
+seed and the epoch only, a checkpoint written atomically that ``--resume`` continues from, on the same order, and a
+stop asked for by Ctrl-C or ``kill`` that the trainer honours at the next point it can resume from."""
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -75,3 +79,56 @@ def load_checkpoint(path: Path | None, key: str, module: nn.Module, optimizer, s
     if extra is not None:
         extra.update(state.get("extra", {}))
     return state["step"], list(state["log"])
+
+
+class StopRequest:
+    """Set by Ctrl-C (SIGINT) or ``kill`` (SIGTERM: what ``timeout``, job schedulers and container stops send)
+    while ``installed``: the trainer stops at the next point it can resume from, after its checkpoint; a second
+    signal raises KeyboardInterrupt at once. Only the main thread installs the handlers; the previous ones come
+    back when it leaves."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    @contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def handler(signum, frame):
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+
+        previous = {number: signal.signal(number, handler) for number in self.SIGNALS}
+        try:
+            yield self
+        finally:
+            for number, earlier in previous.items():
+                signal.signal(number, earlier)
+
+
+@contextmanager
+def stop_requests(stop=None, resumable: bool = True):
+    """The function a training loop asks whether to stop: ``stop`` as given, else Ctrl-C or ``kill`` (a
+    ``StopRequest`` installed while the context lasts); never for a run that is not ``resumable`` (no checkpoint:
+    a signal interrupts it at once, as usual)."""
+    if stop is not None:
+        yield stop
+    elif not resumable:
+        yield lambda: False
+    else:
+        request = StopRequest()
+        with request.installed():
+            yield request
+
+
+def stopped(step: int, checkpoint: Path) -> KeyboardInterrupt:
+    """What a trainer raises once it has saved ``checkpoint`` after a stop request."""
+    return KeyboardInterrupt(f"Stopped at step {step}; {checkpoint} is saved: run again with resume to continue.")

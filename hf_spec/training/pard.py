@@ -34,7 +34,8 @@ from tqdm.auto import tqdm
 
 from ..draft.parallel import pard_token_of
 from .lora import add_lora, merge_lora
-from .optimization import CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint
+from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint,
+                           stop_requests, stopped)
 from .pard_data import AUTO, choose_pard_token, padded, split_held_out, token_sequences
 from .pard_layout import IGNORE, Batch, batch_of, training_layout
 
@@ -225,11 +226,12 @@ class _Steps:
 
 def train_steps(model, sequences: list[torch.LongTensor], config: PardConfig, pard_token: int,
                 output_dir: str | Path | None = None, resume: bool = False, progress: bool = True,
-                max_steps: int | None = None) -> list[dict]:
+                max_steps: int | None = None, stop=None) -> list[dict]:
     """Train ``model`` (prepared by ``prepare_draft``) on ``sequences``; returns the log (step, loss, top-1 accuracy
     of each proposal position on the step's batch). A checkpoint every ``config.checkpoint_every`` steps, every
     ``config.checkpoint_minutes`` and at the end when ``output_dir`` is given; ``resume`` continues from it, bitwise.
-    ``max_steps`` stops early (tests, budgets)."""
+    ``max_steps`` stops early (tests, budgets). With ``output_dir``, ``stop`` (a function; default: Ctrl-C or
+    ``kill``) stops the run after the current step: the checkpoint is saved and KeyboardInterrupt raised."""
     steps = _Steps(model, sequences, config, pard_token, Path(output_dir) if output_dir is not None else None,
                    max_steps)
     if resume:
@@ -238,13 +240,18 @@ def train_steps(model, sequences: list[torch.LongTensor], config: PardConfig, pa
     bar = tqdm(total=steps.last, initial=steps.step, desc="training parallel draft", unit="step",
                disable=not progress)
     model.train()
-    while steps.step < steps.last:
-        entry = steps.one()
-        bar.update(1)
-        bar.set_postfix(loss=f"{entry['loss']:.3f}",
-                        accuracy="/".join(f"{a:.2f}" for a in entry["accuracy_by_position"]))
-        if steps.checkpoint is not None and clock.due(steps.step):
-            steps.save()
+    with stop_requests(stop, resumable=steps.checkpoint is not None) as stop:
+        while steps.step < steps.last:
+            if stop():
+                steps.save()
+                bar.close()
+                raise stopped(steps.step, steps.checkpoint)
+            entry = steps.one()
+            bar.update(1)
+            bar.set_postfix(loss=f"{entry['loss']:.3f}",
+                            accuracy="/".join(f"{a:.2f}" for a in entry["accuracy_by_position"]))
+            if steps.checkpoint is not None and clock.due(steps.step):
+                steps.save()
     bar.close()
     model.eval()
     return steps.log
