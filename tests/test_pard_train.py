@@ -239,3 +239,5 @@ def test_resume_continues_bitwise(tmp_path, tokenizer, lora_rank, stopped_by):
     with pytest.raises(ValueError, match="other data"):
         other, token = fresh()
         train_steps(other, sequences[:-1], config, token, tmp_path, resume=True, progress=False, max_steps=6)
+    with pytest.raises(ValueError, match="give output_dir too"):  # a stop it could not save for
+        train_steps(fresh()[0], sequences, config, token, progress=False, max_steps=6, stop=lambda: True)

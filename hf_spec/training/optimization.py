@@ -118,7 +118,9 @@ class StopRequest:
 def stop_requests(stop=None, resumable: bool = True):
     """The function a training loop asks whether to stop: ``stop`` as given, else Ctrl-C or ``kill`` (a
     ``StopRequest`` installed while the context lasts); never for a run that is not ``resumable`` (no checkpoint:
-    a signal interrupts it at once, as usual)."""
+    a signal interrupts it at once, as usual), which refuses a ``stop`` it could not honour."""
+    if stop is not None and not resumable:
+        raise ValueError("stop= stops a run after saving its checkpoint: give output_dir too, or no stop.")
     if stop is not None:
         yield stop
     elif not resumable:
