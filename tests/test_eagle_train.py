@@ -157,6 +157,18 @@ def test_the_loss_falls_by_half_and_steps_one_and_two_learn_a_rule_the_embedding
     assert len(ends) == 16 and int(ends[-1]) == len(ranks) - 1
 
 
+def test_the_stream_reports_each_group_as_it_is_labelled_not_only_each_shard(small_target, tmp_path):
+    sequences = random_sequences(small_target, count=6, length=12)  # 9 covered tokens each
+    stream = ShardStream(tmp_path / "shards", lambda: range(len(sequences)), ListLabeller(sequences),
+                         shard_tokens=1000, max_length=64, group_size=2)
+    reported = []
+    stream.on_group = reported.append
+    shard = stream.get(0, 0)
+    assert reported == [18, 18, 18]  # three groups of two, one shard
+    assert sum(reported) == stream.labelled_tokens == sum(s.covered_count for s in sequences)
+    assert shard.end == 6
+
+
 def test_a_milestone_draft_is_saved_once_where_a_step_crosses_several(small_target, tmp_path):
     data = mode_sequences(small_target, count=12)  # 22 labelled tokens each, 3 a step: 66 tokens a step
     config = EagleTrainConfig(ttt_steps=2, batch_size=3, shard_tokens=1000, first_milestone=2)

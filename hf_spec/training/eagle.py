@@ -126,10 +126,13 @@ def _vocabulary(model, stream: ShardStream, config: EagleTrainConfig, stop, prog
     wanted = min(config.vocab_tokens, config.max_tokens or config.vocab_tokens)  # never past the run's budget
     bar = tqdm(total=wanted, unit="tok", unit_scale=True, desc="labelling for the draft vocabulary",
                disable=not progress)
+    stream.on_group = bar.update  # moves with each group labelled; set to the shards' count at each shard's end
     while counted < wanted and (shard := stream.get(index, start, stop)) is not None:
         mass += label_mass(shard.pieces, vocab)
         index, start, counted = index + 1, shard.end, counted + shard.tokens
-        bar.update(shard.tokens)
+        bar.n = counted
+        bar.refresh()
+    stream.on_group = None
     bar.close()
     if stop():
         raise KeyboardInterrupt(f"Stopped while labelling the first shards; those done are kept in {stream.folder}: "

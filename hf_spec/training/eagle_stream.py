@@ -94,6 +94,7 @@ class DraftTrainer:
         self.budget = config.max_tokens * config.epochs if config.schedule == "cosine" else None
         self.progress = TrainingProgress(milestone=config.first_milestone)
         self.log: list[dict] = []
+        self._shown: dict[str, str] = {}  # the last step's loss and accuracy, as the bar shows them
 
     # -- checkpoints -------------------------------------------------------------------------------------------
 
@@ -138,10 +139,12 @@ class DraftTrainer:
                    desc="training the EAGLE draft", disable=not self.show)
         clock = CheckpointClock(self.config.checkpoint_every, -1, self.config.checkpoint_minutes)
         self.draft.train()
+        self.stream.on_group = lambda tokens: self._show(bar, refresh=True)  # a shard's labelling moves the postfix
         while max_steps is None or self.progress.step < max_steps:
             shard = self._next_shard()
             if shard is None or not self._train_shard(shard, bar, clock, max_steps):
                 break
+        self.stream.on_group = None
         bar.close()
         self.draft.eval()
         self.save()
@@ -199,8 +202,8 @@ class DraftTrainer:
             chosen = [shard.pieces[i] for i in batches[progress.batch]]
             entry = self._step(chosen)
             bar.update(entry["tokens"])
-            bar.set_postfix(loss=f"{entry['loss']:.3f}", acc="/".join(f"{a:.2f}" for a in entry["accuracy"]),
-                            labelling=f"{self._labelling_rate():.0f} tok/s", refresh=False)
+            self._shown = {"loss": f"{entry['loss']:.3f}", "acc": "/".join(f"{a:.2f}" for a in entry["accuracy"])}
+            self._show(bar)
             if clock.due(progress.step):
                 self.save()
         self._finish_shard(shard)
@@ -246,6 +249,12 @@ class DraftTrainer:
         self.save()
         if last_epoch and not self.keep_cache:
             self.stream.delete(shard.index)
+
+    def _show(self, bar, refresh: bool = False) -> None:
+        """The bar's postfix: the last step's loss and accuracy by unrolled step, the labelling rate and the tokens
+        labelled so far."""
+        bar.set_postfix(**self._shown, labelling=f"{self._labelling_rate():.0f} tok/s",
+                        labelled=self.stream.labelled_tokens, refresh=refresh)
 
     def _labelling_rate(self) -> float:
         return self.stream.labelled_tokens / max(self.stream.labelling_seconds, 1e-9)

@@ -126,7 +126,9 @@ class Shard:
 
 class ShardStream:
     """The shards of the conversations ``conversations()`` yields (a fresh iterator from the stream's start, in
-    the same order every time), labelled by ``labeller`` and kept in ``folder``."""
+    the same order every time), labelled by ``labeller`` and kept in ``folder``. ``on_group``, when set, is called
+    with the labelled tokens of each group as it is labelled (a shard of generated answers takes many minutes: a
+    progress bar moves with the groups, not only with the shards)."""
 
     def __init__(self, folder: str | Path, conversations: Callable[[], Iterable], labeller: Labeller,
                  shard_tokens: int, max_length: int, group_size: int = 8):
@@ -136,6 +138,7 @@ class ShardStream:
         self._iterator: Iterator | None = None
         self._position = 0
         self.labelled_tokens, self.labelling_seconds = 0, 0.0  # this run's labelling, for its rate
+        self.on_group: Callable[[int], None] | None = None
 
     def path(self, index: int) -> Path:
         return self.folder / f"shard-{index:06d}.pt"
@@ -185,7 +188,10 @@ class ShardStream:
             began = time.monotonic()
             labelled = self.labeller.label(group, skipped)
             self.labelling_seconds += time.monotonic() - began
-            self.labelled_tokens += sum(s.covered_count for s in labelled)
+            tokens = sum(s.covered_count for s in labelled)
+            self.labelled_tokens += tokens
+            if self.on_group is not None:
+                self.on_group(tokens)
             position += len(group)
             self._position = position
             conversations += len(labelled)
