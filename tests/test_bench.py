@@ -185,13 +185,29 @@ def test_synthetic_controlled_acceptance():
         assert hf_spec.last_stats().acceptance_rate == acceptance
 
 
+def test_synthetic_auto_sizes_k_as_a_user_call_does_and_decodes_plainly_where_nothing_is_accepted():
+    import hf_spec
+    from hf_spec.bench.synthetic import controlled_generate, random_model
+
+    target, draft = random_model("tiny"), random_model("tiny", seed=1)
+    prompt = torch.randint(256, (1, 12), generator=torch.Generator().manual_seed(0))
+    reference = target.generate(prompt, max_new_tokens=40, do_sample=False)
+    for _ in range(2):  # the second call starts from what the first measured (costs kept per pair)
+        out = target.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=controlled_generate,
+                              draft_model=draft, num_speculative_tokens="auto", reference=reference, alpha=0.0)
+        assert torch.equal(out, reference)
+    stats = hf_spec.last_stats()
+    assert stats.acceptance_rate == 0.0
+    assert set(stats.k_per_step) == {0}  # nothing accepted before: plain decoding throughout
+
+
 def test_synthetic_bench_rows(capsys):
     from hf_spec.cli import main
 
     assert main(["bench", "--synthetic", "tiny:tiny", "--alpha", "1.0", "--k", "2", "--limit", "1",
-                 "--max-new-tokens", "9", "--modes", "vanilla,draft", "--prompt-length", "8"]) == 0
+                 "--max-new-tokens", "9", "--modes", "vanilla,draft,auto", "--prompt-length", "8"]) == 0
     out = capsys.readouterr().out
-    assert "draft@2~1.0" in out and "noise floor" in out
+    assert "draft@2~1.0" in out and "auto~1.0" in out and "noise floor" in out
 
 
 def test_every_mode_warms_up_untimed_before_the_timed_runs(monkeypatch):

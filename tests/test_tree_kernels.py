@@ -155,6 +155,16 @@ def test_verifier_choice(monkeypatch):
         get_verifier("triton", torch.device("cpu"))
 
 
+def test_auto_takes_each_triton_kernel_that_measured_faster_on_a_gpu(monkeypatch):
+    from hf_spec.verify import backends, tree, triton_kernels
+
+    monkeypatch.setattr(backends, "triton_usable", lambda device: True)
+    auto = get_verifier("auto", torch.device("cuda"))
+    assert auto.greedy is triton_kernels.greedy_accept_tree and auto.compact_layer is triton_kernels.compact_layer
+    assert auto.sample is tree.sample_accept_tree  # Triton's sampling walk timed slower on the H200
+    assert get_verifier("triton", torch.device("cuda")).sample is triton_kernels.sample_accept_tree
+
+
 def test_micro_benchmark_runs_and_grows_trees():
     from hf_spec.bench.tree_verify import format_rows, run, tree_of_size
 

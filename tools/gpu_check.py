@@ -252,8 +252,8 @@ def seed_pair_verdict(settings: Settings) -> str:
 
 
 STEPS = {  # step: (modes, what the models are, the memory plan)
-    "draft": (["vanilla", "draft"], "target + draft", draft_memory_plan),
-    "draft_4bit": (["vanilla", "draft"], "target + 4-bit draft", draft_memory_plan),
+    "draft": (["vanilla", "draft", "auto"], "target + draft", draft_memory_plan),
+    "draft_4bit": (["vanilla", "draft", "auto"], "target + 4-bit draft", draft_memory_plan),
     "trees": (["vanilla", "eagle", "medusa"], "target + Medusa heads + EAGLE draft", trees_memory_plan),
 }
 

@@ -133,7 +133,7 @@ def synthetic_contenders(spec: str, device: str, dtype: torch.dtype, modes: list
 
     target_shape, draft_shape = spec.split(":")
     target = random_model(target_shape, device, dtype, decisive=True)
-    draft = random_model(draft_shape, device, dtype, seed=1) if "draft" in modes else None
+    draft = random_model(draft_shape, device, dtype, seed=1) if {"draft", "auto"} & set(modes) else None
     heads = random_medusa_heads(target) if "medusa" in modes else None
     eagle = random_eagle_draft(target) if "eagle" in modes else None
     return Contenders(target, draft, heads, eagle_model=eagle)

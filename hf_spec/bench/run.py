@@ -61,14 +61,14 @@ class Run:
 
 def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None) -> list[str]:
     """e.g. (["vanilla", "draft"], [3]) -> vanilla, vanilla-again, draft@3; with alphas [0.8] the proposals'
-    acceptance is controlled (synthetic bench): draft@3~0.8, eagle~0.8, medusa~0.8."""
+    acceptance is controlled (synthetic bench): draft@3~0.8, auto~0.8, eagle~0.8, medusa~0.8."""
     names = []
     for mode in modes:
         if mode == "vanilla":
             names += ["vanilla", "vanilla-again"]
         elif mode == "draft" and alphas:
             names += [f"draft@{k}~{alpha}" for alpha in alphas for k in ks]
-        elif mode in ("eagle", "medusa") and alphas:
+        elif mode in ("auto", "eagle", "medusa") and alphas:
             names += [f"{mode}~{alpha}" for alpha in alphas]
         elif mode in ("assisted", "draft", "draft-full", "parallel", "draft+lookup"):
             names += [f"{mode}@{k}" for k in ks]
@@ -132,7 +132,7 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
 
 
 def controlled_kwargs(mode: str, contenders: Contenders, reference: torch.LongTensor) -> dict:
-    """generate() keywords for an acceptance-controlled mode (synthetic bench): draft@3~0.8, eagle~0.8 (``contenders.eagle_nodes`` nodes, when a number), medusa~0.8 (``contenders.tree``)."""
+    """generate() keywords for an acceptance-controlled mode (synthetic bench): draft@3~0.8, auto~0.8, eagle~0.8 (``contenders.eagle_nodes`` nodes, when a number), medusa~0.8 (``contenders.tree``)."""
     from .synthetic import controlled_generate
     from .synthetic_trees import EAGLE_NODES, controlled_eagle_generate, controlled_medusa_generate
 
@@ -145,8 +145,8 @@ def controlled_kwargs(mode: str, contenders: Contenders, reference: torch.LongTe
     if name == "medusa":
         return dict(kwargs, custom_generate=controlled_medusa_generate, medusa_heads=contenders.medusa_heads,
                     tree=contenders.tree)
-    return dict(kwargs, custom_generate=controlled_generate, draft_model=contenders.draft,
-                num_speculative_tokens=int(name.split("@")[1]))
+    k = "auto" if name == "auto" else int(name.split("@")[1])
+    return dict(kwargs, custom_generate=controlled_generate, draft_model=contenders.draft, num_speculative_tokens=k)
 
 
 def new_token_count(out: torch.LongTensor, inputs: dict, pad_token_id: int | None) -> int:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from ..draft.generate import draft_schedule
 from ..draft.proposer import DraftModelProposer
 from ..engine.call import DecodingCall
 from ..engine.loop import speculative_generate
 from ..engine.proposer import Proposal
-from ..engine.schedule import FixedLength
 
 SHAPES = {
     "llama-2-7b": (LlamaConfig, dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -113,12 +113,13 @@ def controlled_generate(model, input_ids, logits_processor, stopping_criteria, g
                         num_speculative_tokens: int = 5, reference=None, alpha: float = 1.0, seed: int = 0,
                         **model_kwargs):
     """A custom_generate callable: the draft strategy with a ControlledDraftProposer (greedy only).
-    ``reference`` [1, L]: the target's greedy output for this prompt."""
+    ``reference`` [1, L]: the target's greedy output for this prompt; ``num_speculative_tokens``: k, or "auto" (the
+    k each step that the costs measured in the loop and the acceptance realised say is fastest, as a user's)."""
     call = DecodingCall.of("draft", model, input_ids, logits_processor, stopping_criteria, generation_config,
                            **model_kwargs)
     if call.do_sample:
         raise ValueError("The acceptance-controlled proposer works with greedy decoding only.")
     proposer = ControlledDraftProposer(draft_model, call.padding_mask, reference[0], alpha,
                                        torch.Generator(device=reference.device).manual_seed(seed))
-    return speculative_generate(call, proposer, FixedLength(num_speculative_tokens))
+    return speculative_generate(call, proposer, draft_schedule(num_speculative_tokens, model, draft_model))
 

@@ -18,7 +18,7 @@ from ..prompts import load_prompts
 NAME = "bench"
 HELP = "tokens/s against plain generate() and assisted generation"
 DRAFT_MODES = ("assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft+lookup")
-SYNTHETIC_MODES = ("vanilla", "draft", "eagle", "medusa")  # what --synthetic builds random models for
+SYNTHETIC_MODES = ("vanilla", "draft", "auto", "eagle", "medusa")  # what --synthetic builds random models for
 
 
 # -- option types ----------------------------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", type=modes,
                         help="any of vanilla, assisted, draft, draft-full, parallel, auto, stepwise, medusa, eagle, "
                              "hf-lookup, lookup, draft+lookup (vanilla among them; default vanilla,assisted,draft; "
-                             "--synthetic runs vanilla,draft (its default), eagle, medusa); draft@k runs the draft as "
+                             "--synthetic runs vanilla,draft (its default), auto, eagle, medusa); draft@k runs the draft as "
                              "a chain in the form --draft-quantization/--draft-vocab-size set, draft-full@k the same "
                              "draft in full precision, parallel@k a parallel draft (pard_token in its config) "
                              "proposing k tokens from one forward")

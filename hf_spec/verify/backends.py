@@ -2,7 +2,10 @@
 
 "torch" is the reference (``hf_spec.verify.tree`` and :func:`compact_layer_torch`) and
 runs everywhere; "triton" runs the kernels of ``triton_kernels`` on CUDA tensors (or on CPU tensors through
-the Triton interpreter when ``TRITON_INTERPRET=1``); "auto" takes Triton on CUDA when it is installed.
+the Triton interpreter when ``TRITON_INTERPRET=1``); "auto" takes, on CUDA with Triton installed, each kernel that
+measured faster than the reference on an H200 (``tools/gpu_check.sh``, 2026-12-04, docs/benchmarks.md): Triton's
+greedy walk (1.03-2.01x) and KV compaction (1.68x), the reference's sampling walk (Triton's, one program scanning
+the vocabulary for the bonus token, ran 0.27-1.13x of it: slower in 5 of 6 shapes).
 """
 from __future__ import annotations
 
@@ -56,5 +59,8 @@ def get_verifier(name: str, device: torch.device) -> TreeVerifier:
                          "use tree_verifier='torch' or 'auto'.")
     from . import triton_kernels
 
+    if name == "auto":
+        return TreeVerifier("auto", triton_kernels.greedy_accept_tree, tree.sample_accept_tree,
+                            triton_kernels.compact_layer)
     return TreeVerifier("triton", triton_kernels.greedy_accept_tree, triton_kernels.sample_accept_tree,
                         triton_kernels.compact_layer)
