@@ -51,8 +51,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     nodes = plain decoding) that the measured verify costs and head accuracies say is fastest
     (``hf_spec.engine.auto.AutoTree``; ``cache_costs=False`` forgets what earlier calls measured).
     acceptance: "exact" (greedy match; lossless sampling) or "typical" (Medusa's lossy rule with
-    posterior_threshold and posterior_alpha; sampling only). tree_verifier: "auto" (Triton kernels on CUDA,
-    the torch reference elsewhere), "triton" or "torch".
+    posterior_threshold and posterior_alpha; sampling only). tree_verifier: "auto" (on CUDA the Triton kernels
+    that time faster than the reference, the reference elsewhere: ``hf_spec.verify.backends``), "triton" or "torch".
     draft_vocab_size: with an int the heads score only that many of the lowest target ids, plus eos and the
     prompts' tokens (cheaper proposals, the same output); "auto" (the default, for heads given by id or path): a
     subset sized by coverage where a step of the heads times faster with it here (``hf_spec.medusa.forms``); None:
