@@ -133,8 +133,35 @@ def test_speculation_that_does_not_realise_its_prediction_stops():
         auto.acceptance, steps = 0.97, steps + 1
         assert steps < 10
     assert auto.realised.rate(0.97) < 0.8
-    auto.acceptance = 0.99
+    auto.start(prompt_length=1, max_new_tokens=1000)
+    auto.made, auto.acceptance = 64, 0.99
     assert auto.expected_acceptance() == 1.0 and auto.next() == 8  # other predictions keep their own record
+
+
+def test_the_acceptance_a_call_realised_bounds_its_next_steps():
+    from hf_spec.engine.auto import CallAcceptance
+
+    call = CallAcceptance()
+    assert call.bound(0.8) == 1.0  # nothing judged yet: no bound
+    for i in range(12):
+        call.update(i % 2 == 0)
+    rate = (6 + 4 * 0.8) / 16
+    assert call.bound(0.8) == pytest.approx(rate + (rate * (1 - rate) / 16) ** 0.5)  # 0.575 + 0.12
+
+
+def test_speculation_that_loses_in_this_call_stops_within_a_few_steps_where_the_pooled_record_says_it_pays():
+    auto = auto_with(CPU, 0.15, 0.97)  # pooled: steps predicted at 0.97 realised 0.965 (a settled record)
+    auto.made = 64
+    assert auto.next() == 8
+    steps = 0
+    while (k := auto.next()) > 0:  # this text's proposals: the first accepted, the second not
+        auto.observe(k, [1], 0.15 * k, 0.95, [[0.99] * (k + 1)])
+        auto.acceptance, steps = 0.97, steps + 1
+        assert steps <= 3
+    assert auto.realised.rate(0.97) > 0.96  # the pooled record hardly moved ...
+    auto.start(prompt_length=1, max_new_tokens=1000)
+    auto.made, auto.acceptance = 64, 0.97
+    assert auto.next() == 8  # ... so the next call starts from it
 
 
 def test_a_short_record_is_taken_optimistically():

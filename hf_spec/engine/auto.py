@@ -18,7 +18,10 @@ and the next ones are less so than the average says (regression to the mean). A 
 the prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
 acceptance (one standard error optimistic while a bin's record is short). Starting again after plain steps makes
 the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches only when the
-time the tokens ahead should save exceeds that catch-up. max_new_tokens says when an answer must stop, not how
+time the tokens ahead should save exceeds that catch-up. Both calibrations pool every text the pair has seen, so a
+text whose proposals fare worse than the pooled record (prose after code) would pay for it step after step: within
+a call, ``a`` is also held to what this call's own speculative steps realised (``CallAcceptance``, one standard error
+optimistic, starting from the pooled prediction), so speculation that loses stops within a few steps. max_new_tokens says when an answer must stop, not how
 long it is: the tokens ahead are what earlier calls that went past this point made beyond it (``AnswerLengths``),
 and with no such call, as many as this call has made so far (at most what is left and ``max_horizon``). Costs,
 calibrations and answer lengths are kept per (target, draft, device, dtype) across calls (``cache_costs=False``
@@ -31,11 +34,35 @@ plain decoding wins, ``ProbeCadence`` spaces the probe steps that keep a tree's 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .costs import Costs, best_tree_size, expected_tokens_per_step
 from .estimates import AnswerLengths, ConfidenceCalibration
 from .schedule import Schedule
+
+
+class CallAcceptance:
+    """The acceptance one call's speculative steps realised, as pseudo-counts over the proposals they judged, after
+    a prior of ``prior_weight`` proposals at the rate the pooled record predicts (``bound``'s ``prior``): a short
+    record moves it little, a long one decides it. ``bound(prior)``: that estimate plus one standard error, the most
+    "auto" may take the next proposals' acceptance to be in this call. e.g. 12 proposals judged, 6 accepted, after a
+    prior of 0.8: (6 + 3.2) / 16 = 0.575, bound 0.70."""
+
+    def __init__(self, prior_weight: float = 4.0):
+        self.prior_weight = prior_weight
+        self.accepted = self.judged = 0
+
+    def update(self, accepted: bool) -> None:
+        self.accepted += int(accepted)
+        self.judged += 1
+
+    def bound(self, prior: float) -> float:
+        if not self.judged:
+            return 1.0
+        seen = self.judged + self.prior_weight
+        rate = (self.accepted + self.prior_weight * prior) / seen
+        return min(rate + math.sqrt(rate * (1 - rate) / seen), 1.0)
 
 
 class AutoLength(Schedule):
@@ -63,9 +90,11 @@ class AutoLength(Schedule):
         self.behind = 0  # committed tokens the draft has not seen
         self.made = 0  # tokens this call has committed
         self.max_new_tokens = max_horizon  # tokens the call may add
+        self.in_call = CallAcceptance()  # what this call's speculative steps realised
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
         self.behind, self.max_new_tokens, self.made = prompt_length, max_new_tokens, 0
+        self.in_call = CallAcceptance()
         self.lengths.begin()
 
     @property
@@ -75,8 +104,9 @@ class AutoLength(Schedule):
 
     def expected_acceptance(self) -> float:
         """a: the acceptance that steps chosen at this prediction have realised (optimistically, while the
-        record is short)."""
-        return self.realised.optimistic_rate(self.acceptance)
+        record is short), at most what this call's own steps allow (``CallAcceptance``)."""
+        pooled = self.realised.optimistic_rate(self.acceptance)
+        return min(pooled, self.in_call.bound(pooled))
 
     def draft_token_cost(self) -> float:
         if self.costs.draft_token is not None:
@@ -150,6 +180,7 @@ class AutoLength(Schedule):
                 for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
                     self.calibration.update(row_confidence[i], i < row_accepted)
                     self.realised.update(self.predicted_for_step, i < row_accepted)
+                    self.in_call.update(i < row_accepted)
             self.behind = 1
         else:
             self.behind += 1
