@@ -47,9 +47,10 @@ class CallAcceptance:
     a prior of ``prior_weight`` proposals at the rate the pooled record predicts (``bound``'s ``prior``): a short
     record moves it little, a long one decides it. ``bound(prior)``: that estimate plus one standard error, the most
     "auto" may take the next proposals' acceptance to be in this call. e.g. 12 proposals judged, 6 accepted, after a
-    prior of 0.8: (6 + 3.2) / 16 = 0.575, bound 0.70."""
+    prior of 0.8: (6 + 1.6) / 14 = 0.543, bound 0.68. A step judges its accepted proposals and the first rejected
+    one, so where acceptance is low each step adds little evidence: the prior is kept light (two proposals)."""
 
-    def __init__(self, prior_weight: float = 4.0):
+    def __init__(self, prior_weight: float = 2.0):
         self.prior_weight = prior_weight
         self.accepted = self.judged = 0
 
