@@ -309,7 +309,7 @@ def test_what_counts_as_a_local_path(value, local):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["bench", "--synthetic", "tiny:tiny", "--modes", "vanilla,auto"], "--synthetic runs the modes vanilla, draft, eagle, medusa only"),
+    (["bench", "--synthetic", "tiny:tiny", "--modes", "vanilla,lookup"], "--synthetic runs the modes vanilla, draft, auto, eagle, medusa only"),
     (["plan", "--target", "org/model", "--draft-quantization", "4bit"], "--draft-quantization needs --draft"),
     (["evaluate-medusa", "--heads", "org/heads", "--model", "org/model"], "pass --output"),
 ])
