@@ -139,7 +139,7 @@ def test_speculation_that_does_not_realise_its_prediction_stops():
 
 
 def test_the_acceptance_a_call_realised_bounds_its_next_steps():
-    from hf_spec.engine.auto import CallAcceptance
+    from hf_spec.engine.estimates import CallAcceptance
 
     call = CallAcceptance()
     assert call.bound(0.8) == 1.0  # nothing judged yet: no bound

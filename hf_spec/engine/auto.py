@@ -20,9 +20,10 @@ acceptance (one standard error optimistic while a bin's record is short). Starti
 the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches only when the
 time the tokens ahead should save exceeds that catch-up. Both calibrations pool every text the pair has seen, so a
 text whose proposals fare worse than the pooled record (prose after code) would pay for it step after step: within
-a call, ``a`` is also held to what this call's own speculative steps realised (``CallAcceptance``, one standard error
-optimistic, starting from the pooled prediction), so speculation that loses stops within a few steps. max_new_tokens says when an answer must stop, not how
-long it is: the tokens ahead are what earlier calls that went past this point made beyond it (``AnswerLengths``),
+a call, ``a`` is also held to what this call's own speculative steps realised (``CallAcceptance``, one standard
+error optimistic, starting from the pooled prediction), so speculation that loses stops within a few steps.
+
+max_new_tokens says when an answer must stop, not how long it is: the tokens ahead are what earlier calls that went past this point made beyond it (``AnswerLengths``),
 and with no such call, as many as this call has made so far (at most what is left and ``max_horizon``). Costs,
 calibrations and answer lengths are kept per (target, draft, device, dtype) across calls (``cache_costs=False``
 starts afresh).
@@ -34,36 +35,11 @@ plain decoding wins, ``ProbeCadence`` spaces the probe steps that keep a tree's 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from .costs import Costs, best_tree_size, expected_tokens_per_step
-from .estimates import AnswerLengths, ConfidenceCalibration
+from .estimates import AnswerLengths, CallAcceptance, ConfidenceCalibration
 from .schedule import Schedule
-
-
-class CallAcceptance:
-    """The acceptance one call's speculative steps realised, as pseudo-counts over the proposals they judged, after
-    a prior of ``prior_weight`` proposals at the rate the pooled record predicts (``bound``'s ``prior``): a short
-    record moves it little, a long one decides it. ``bound(prior)``: that estimate plus one standard error, the most
-    "auto" may take the next proposals' acceptance to be in this call. e.g. 12 proposals judged, 6 accepted, after a
-    prior of 0.8: (6 + 1.6) / 14 = 0.543, bound 0.68. A step judges its accepted proposals and the first rejected
-    one, so where acceptance is low each step adds little evidence: the prior is kept light (two proposals)."""
-
-    def __init__(self, prior_weight: float = 2.0):
-        self.prior_weight = prior_weight
-        self.accepted = self.judged = 0
-
-    def update(self, accepted: bool) -> None:
-        self.accepted += int(accepted)
-        self.judged += 1
-
-    def bound(self, prior: float) -> float:
-        if not self.judged:
-            return 1.0
-        seen = self.judged + self.prior_weight
-        rate = (self.accepted + self.prior_weight * prior) / seen
-        return min(rate + math.sqrt(rate * (1 - rate) / seen), 1.0)
 
 
 class AutoLength(Schedule):

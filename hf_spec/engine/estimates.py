@@ -1,6 +1,8 @@
 """What "auto" schedules learn from the steps they watch: acceptance by the target's confidence
-(``ConfidenceCalibration``), by position (``PositionSurvival``), and how long answers run (``AnswerLengths``).
-Each is a running estimate with a prior and a fading memory, so it follows a new pair or a new text."""
+(``ConfidenceCalibration``), in the call under way (``CallAcceptance``), by position (``PositionSurvival``), and how
+long answers run (``AnswerLengths``).
+Each is a running estimate with a prior; those kept across calls fade their older observations, so they follow a
+new pair or a new text."""
 from __future__ import annotations
 
 import bisect
@@ -48,6 +50,30 @@ class ConfidenceCalibration:
 
     def update(self, confidence: float, accepted: bool) -> None:
         count_with_fading(self.accepted, self.seen, self._bin(confidence), accepted, self.memory)
+
+
+class CallAcceptance:
+    """The acceptance one call's speculative steps realised, as pseudo-counts over the proposals they judged, after
+    a prior of ``prior_weight`` proposals at the rate the pooled record predicts (``bound``'s ``prior``): a short
+    record moves it little, a long one decides it. ``bound(prior)``: that estimate plus one standard error, the most
+    "auto" may take the next proposals' acceptance to be in this call. e.g. 12 proposals judged, 6 accepted, after a
+    prior of 0.8: (6 + 1.6) / 14 = 0.543, bound 0.68. A step judges its accepted proposals and the first rejected
+    one, so where acceptance is low each step adds little evidence: the prior is kept light (two proposals)."""
+
+    def __init__(self, prior_weight: float = 2.0):
+        self.prior_weight = prior_weight
+        self.accepted = self.judged = 0
+
+    def update(self, accepted: bool) -> None:
+        self.accepted += int(accepted)
+        self.judged += 1
+
+    def bound(self, prior: float) -> float:
+        if not self.judged:
+            return 1.0
+        seen = self.judged + self.prior_weight
+        rate = (self.accepted + self.prior_weight * prior) / seen
+        return min(rate + math.sqrt(rate * (1 - rate) / seen), 1.0)
 
 
 def count_with_fading(accepted: list[float], seen: list[float], i: int, hit: bool, memory: float) -> None:
