@@ -156,13 +156,13 @@ def test_verifier_choice(monkeypatch):
 
 
 def test_auto_takes_each_triton_kernel_that_measured_faster_on_a_gpu(monkeypatch):
-    from hf_spec.verify import backends, tree, triton_kernels
+    from hf_spec.verify import backends
 
     monkeypatch.setattr(backends, "triton_usable", lambda device: True)
     auto = get_verifier("auto", torch.device("cuda"))
-    assert auto.greedy is triton_kernels.greedy_accept_tree and auto.compact_layer is triton_kernels.compact_layer
-    assert auto.sample is tree.sample_accept_tree  # Triton's sampling walk timed slower on the H200
-    assert get_verifier("triton", torch.device("cuda")).sample is triton_kernels.sample_accept_tree
+    assert auto.greedy is kernels.greedy_accept_tree and auto.compact_layer is kernels.compact_layer
+    assert auto.sample is reference.sample_accept_tree  # Triton's sampling walk timed slower on the H200
+    assert get_verifier("triton", torch.device("cuda")).sample is kernels.sample_accept_tree
 
 
 def test_micro_benchmark_runs_and_grows_trees():

@@ -23,10 +23,10 @@ text whose proposals fare worse than the pooled record (prose after code) would 
 a call, ``a`` is also held to what this call's own speculative steps realised (``CallAcceptance``, one standard
 error optimistic, starting from the pooled prediction), so speculation that loses stops within a few steps.
 
-max_new_tokens says when an answer must stop, not how long it is: the tokens ahead are what earlier calls that went past this point made beyond it (``AnswerLengths``),
-and with no such call, as many as this call has made so far (at most what is left and ``max_horizon``). Costs,
-calibrations and answer lengths are kept per (target, draft, device, dtype) across calls (``cache_costs=False``
-starts afresh).
+max_new_tokens says when an answer must stop, not how long it is: the tokens ahead are what earlier calls that went
+past this point made beyond it (``AnswerLengths``), and with no such call, as many as this call has made so far (at
+most what is left and ``max_horizon``). Costs, calibrations and answer lengths are kept per (target, draft, device,
+dtype) across calls (``cache_costs=False`` starts afresh).
 
 ``AutoTree`` (Medusa's ``tree="auto"``) picks the prefix size of a nested tree family the same way, from the
 heads' measured accuracy; ``AutoNodes`` picks how many of a tree built afresh each step to verify, from an
