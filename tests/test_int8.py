@@ -15,15 +15,19 @@ def target(request):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_int8_layer_computes_with_its_dequantized_weight(dtype):
+@pytest.mark.parametrize("positions, on_the_kernel", [(5, True), (int8.DEQUANTIZE_FROM_ROWS, False)])
+def test_the_int8_layer_computes_with_its_dequantized_weight(dtype, positions, on_the_kernel, monkeypatch):
     torch.manual_seed(0)
     linear = nn.Linear(128, 48, bias=True).to(dtype)
     quantized = Int8WeightOnlyLinear(linear)
     assert quantized.weight_int8.dtype == torch.int8 and quantized.weight_int8.abs().max() == 127
-    x = torch.randn(2, 5, 128).to(dtype)
+    x = torch.randn(2, positions, 128).to(dtype)  # 2 x 5 rows: a draft step; 2 x 32: a prefill's, dequantized once
     expected = x.float() @ quantized.dequantized().T + linear.bias.float()
+    kernel, calls = torch._weight_int8pack_mm, []
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", lambda *args: calls.append(1) or kernel(*args))
     out = quantized(x)
-    assert out.shape == (2, 5, 48) and out.dtype == dtype
+    assert bool(calls) is on_the_kernel
+    assert out.shape == (2, positions, 48) and out.dtype == dtype
     assert (out.float() - expected).abs().max() <= 0.02 * expected.abs().max()
     # half a step of the int8 grid, plus the rounding of a bf16 scale (2^-8 of the row's largest weight)
     assert (quantized.dequantized() - linear.weight.float()).abs().max() <= linear.weight.float().abs().max() * (
