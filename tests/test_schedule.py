@@ -98,6 +98,16 @@ def test_switching_on_pays_for_the_drafts_catch_up_over_as_many_tokens_as_the_ca
     assert auto.next() == 0
 
 
+def test_a_catch_up_is_judged_at_the_mean_acceptance_not_at_the_optimism_that_keeps_steps_exploring():
+    auto = auto_with(CPU, 0.15, 0.93, catch_up_token=0.01, realised=ConfidenceCalibration.of_predictions())
+    auto.start(prompt_length=100, max_new_tokens=64)  # catching up on the prompt costs 0.99 s
+    assert auto.expected_acceptance() == 1.0 and auto.mean_acceptance() == pytest.approx(0.925)  # a short record
+    auto.made = 12  # 8 proposals save ~0.14 s a token at 1.0 (1.6 s over 12 tokens), ~0.055 s at 0.925 (0.66 s)
+    assert auto.best_k() > 0 and auto.next() == 0
+    auto.made = 30  # ~1.6 s at the mean
+    assert auto.next() > 0
+
+
 def test_earlier_answers_say_how_many_tokens_lie_ahead():
     lengths = AnswerLengths()
     for made in (64, 64, 16):  # three calls: two ran to 64 tokens, one stopped at 16

@@ -129,8 +129,8 @@ class ParallelLength(AutoLength):
             return self.draft_cost_ratio * self.costs.verify_cost(1)
         return self.costs.draft_cost(width)
 
-    def draft_step_cost(self, k: int) -> float:
-        return self._width_cost(parallel_width(self.survival(k)))
+    def draft_step_cost(self, k: int, a: float | None = None) -> float:
+        return self._width_cost(parallel_width(self.survival(k, a)))
 
     def catch_up_cost(self, tokens: int) -> float:
         """The skipped tokens widen the draft's next forward: c_d(tokens + 1) - c_d(1)."""

@@ -18,7 +18,8 @@ and the next ones are less so than the average says (regression to the mean). A 
 the prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
 acceptance (one standard error optimistic while a bin's record is short). Starting again after plain steps makes
 the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches only when the
-time the tokens ahead should save exceeds that catch-up. Both calibrations pool every text the pair has seen, so a
+time the tokens ahead should save, at the mean acceptance (not the optimistic one a step is chosen at: a catch-up
+is paid in full before any proposal is judged), exceeds that catch-up. Both calibrations pool every text the pair has seen, so a
 text whose proposals fare worse than the pooled record (prose after code) would pay for it step after step: within
 a call, ``a`` is also held to what this call's own speculative steps realised (``CallAcceptance``, one standard
 error optimistic, starting from the pooled prediction), so speculation that loses stops within a few steps.
@@ -85,6 +86,11 @@ class AutoLength(Schedule):
         pooled = self.realised.optimistic_rate(self.acceptance)
         return min(pooled, self.in_call.bound(pooled))
 
+    def mean_acceptance(self) -> float:
+        """a without the optimism: the mean of the same two records, for a cost paid at once (the catch-up)."""
+        pooled = self.realised.rate(self.acceptance)
+        return min(pooled, self.in_call.mean(pooled))
+
     def draft_token_cost(self) -> float:
         if self.costs.draft_token is not None:
             return self.costs.draft_token
@@ -94,20 +100,22 @@ class AutoLength(Schedule):
         per_token = self.costs.catch_up_token
         return tokens * (per_token if per_token is not None else self.catch_up_ratio * self.draft_token_cost())
 
-    def survival(self, k: int) -> list[float]:
-        a = self.expected_acceptance()
+    def survival(self, k: int, a: float | None = None) -> list[float]:
+        """s_1 .. s_k at acceptance ``a`` (default: ``expected_acceptance()``)."""
+        a = self.expected_acceptance() if a is None else a
         return [a ** i for i in range(1, k + 1)]
 
-    def draft_step_cost(self, k: int) -> float:
+    def draft_step_cost(self, k: int, a: float | None = None) -> float:
         """D(k), the draft's time to propose k tokens: k forwards of one token."""
         return k * self.draft_token_cost()
 
-    def expected_rate(self, k: int) -> float:
-        """Expected tokens per second with k proposals (k = 0: plain decoding)."""
+    def expected_rate(self, k: int, a: float | None = None) -> float:
+        """Expected tokens per second with k proposals (k = 0: plain decoding), at acceptance ``a`` (default:
+        ``expected_acceptance()``)."""
         if k == 0:
             return 1.0 / self.costs.verify_cost(1)
-        step = self.draft_step_cost(k) + self.costs.verify_cost(k + 1)
-        return expected_tokens_per_step(self.survival(k)) / step
+        step = self.draft_step_cost(k, a) + self.costs.verify_cost(k + 1)
+        return expected_tokens_per_step(self.survival(k, a)) / step
 
     def best_k(self) -> int:
         return max(range(self.max_k + 1), key=self.expected_rate)
@@ -118,10 +126,14 @@ class AutoLength(Schedule):
         ahead = self.lengths.expected_ahead(self.made, self.remaining)
         return min(self.made, self.remaining, self.max_horizon) if ahead is None else ahead
 
-    def worth_catching_up(self, k: int) -> bool:
+    def worth_catching_up(self) -> bool:
         """Would speculating over the tokens ahead save more than the draft needs to catch up on the tokens it
-        skipped?"""
-        saved_per_token = 1.0 / self.expected_rate(0) - 1.0 / self.expected_rate(k)
+        skipped? Judged at the mean acceptance (``mean_acceptance``), at the best k there: the optimism that keeps
+        a step's choice exploring costs at most that step, where a catch-up on a long prompt is paid in full
+        before any proposal is judged."""
+        a = self.mean_acceptance()
+        best = max(self.expected_rate(k, a) for k in range(1, self.max_k + 1))
+        saved_per_token = 1.0 / self.expected_rate(0) - 1.0 / best
         return saved_per_token * self.tokens_ahead() > self.catch_up_cost(self.behind - 1)
 
     def draft_measured(self) -> bool:
@@ -135,7 +147,7 @@ class AutoLength(Schedule):
         if not self.draft_measured():
             return self.first_k  # then, once per pair, the draft's catch-up on the prompt and its cost per token
         k = self.best_k()
-        if k > 0 and self.behind > 1 and not self.worth_catching_up(k):
+        if k > 0 and self.behind > 1 and not self.worth_catching_up():
             return 0
         return k
 

@@ -68,12 +68,15 @@ class CallAcceptance:
         self.accepted += int(accepted)
         self.judged += 1
 
+    def mean(self, prior: float) -> float:
+        """The estimate itself (``prior`` before any proposal is judged)."""
+        return (self.accepted + self.prior_weight * prior) / (self.judged + self.prior_weight)
+
     def bound(self, prior: float) -> float:
         if not self.judged:
             return 1.0
-        seen = self.judged + self.prior_weight
-        rate = (self.accepted + self.prior_weight * prior) / seen
-        return min(rate + math.sqrt(rate * (1 - rate) / seen), 1.0)
+        rate = self.mean(prior)
+        return min(rate + math.sqrt(rate * (1 - rate) / (self.judged + self.prior_weight)), 1.0)
 
 
 def count_with_fading(accepted: list[float], seen: list[float], i: int, hit: bool, memory: float) -> None:
