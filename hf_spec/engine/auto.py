@@ -19,10 +19,11 @@ the prediction, learns from every speculative step the acceptance that followed 
 acceptance (one standard error optimistic while a bin's record is short). Starting again after plain steps makes
 the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches only when the
 time the tokens ahead should save, at the mean acceptance (not the optimistic one a step is chosen at: a catch-up
-is paid in full before any proposal is judged), exceeds that catch-up. Both calibrations pool every text the pair has seen, so a
-text whose proposals fare worse than the pooled record (prose after code) would pay for it step after step: within
-a call, ``a`` is also held to what this call's own speculative steps realised (``CallAcceptance``, one standard
-error optimistic, starting from the pooled prediction), so speculation that loses stops within a few steps.
+is paid in full before any proposal is judged), exceeds that catch-up. Both calibrations pool every text the pair
+has seen, so a text whose proposals fare worse than the pooled record (prose after code) would pay for it step
+after step: within a call, ``a`` is also held to what this call's own speculative steps realised
+(``CallAcceptance``, one standard error optimistic, starting from the pooled prediction), so speculation that loses
+stops within a few steps.
 
 max_new_tokens says when an answer must stop, not how long it is: the tokens ahead are what earlier calls that went
 past this point made beyond it (``AnswerLengths``), and with no such call, as many as this call has made so far (at
