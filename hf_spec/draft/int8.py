@@ -45,14 +45,15 @@ class Int8WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] >= DEQUANTIZE_FROM_ROWS:
-            out = nn.functional.linear(rows, self.weight_int8.to(x.dtype) * self.scales.to(x.dtype)[:, None])
+            out = nn.functional.linear(rows, self.dequantized(x.dtype))
         else:
             out = torch._weight_int8pack_mm(rows, self.weight_int8, self.scales)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
-    def dequantized(self) -> torch.Tensor:
-        return self.weight_int8.float() * self.scales.float()[:, None]
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight as ``dtype``: each int8 row times its scale, computed in ``dtype``."""
+        return self.weight_int8.to(dtype) * self.scales.to(dtype)[:, None]
 
 
 def _kernel_agrees(layer: Int8WeightOnlyLinear, dtype: torch.dtype) -> bool:
