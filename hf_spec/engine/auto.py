@@ -107,7 +107,8 @@ class AutoLength(Schedule):
         return [a ** i for i in range(1, k + 1)]
 
     def draft_step_cost(self, k: int, a: float | None = None) -> float:
-        """D(k), the draft's time to propose k tokens: k forwards of one token."""
+        """D(k), the draft's time to propose k tokens: k forwards of one token (``a`` does not enter; a parallel
+        draft's width does depend on it, ``ParallelLength``)."""
         return k * self.draft_token_cost()
 
     def expected_rate(self, k: int, a: float | None = None) -> float:
