@@ -108,6 +108,36 @@ def test_a_catch_up_is_judged_at_the_mean_acceptance_not_at_the_optimism_that_ke
     assert auto.next() > 0
 
 
+def test_a_step_taken_on_optimism_stakes_what_is_best_at_the_mean_acceptance():
+    auto = auto_with(CPU, 0.15, 0.65, realised=ConfidenceCalibration.of_predictions())  # a short record
+    assert auto.expected_acceptance() > 0.95 and auto.mean_acceptance() == pytest.approx(0.65)
+    optimistic = max(range(9), key=auto.expected_rate)
+    assert optimistic == 8  # at the optimism alone: eight proposals
+    # of the k that could pay at the optimism (2..8), two proposals lose least at the mean (k = 8 loses ~half a step)
+    assert auto.expected_rate(8, 0.65) < auto.expected_rate(2, 0.65) < auto.expected_rate(0)
+    assert auto.next() == 2
+    auto.acceptance = 0.97  # where the mean says eight pay, eight it is
+    assert auto.mean_acceptance() > 0.95 and auto.next() == 8
+
+
+def test_a_catch_up_is_judged_by_how_earlier_runs_begun_at_its_prediction_went():
+    auto = auto_with(CPU, 0.15, 0.97, catch_up_token=0.01)  # the proposals' record: 0.965 at a prediction of 0.97
+
+    def a_call_at(prediction):
+        auto.lengths = AnswerLengths()  # no earlier answers: as many tokens ahead as the call has made
+        auto.start(prompt_length=100, max_new_tokens=64)  # catching up on the prompt costs 0.99 s
+        auto.made, auto.acceptance = 30, prediction  # 8 proposals at 0.965 save ~3 s over 30 tokens
+        return auto.next()
+
+    assert a_call_at(0.97) == 8
+    auto.observe(8, [1], 0.15 * 8 + 0.99, 0.95, [[0.97] * 2])  # the run it began: one proposal in two ...
+    auto.observe(0, [0], 0.0, 0.375, [[0.5]])  # ... and over
+    assert auto.realised.rate(0.97) > 0.96  # the proposals' record hardly moved ...
+    assert auto.runs.rate(0.97) == pytest.approx((2 * 0.965 + 0.5) / 3)  # ... the runs' record did (one of three)
+    assert a_call_at(0.97) == 0  # at 0.81, eight proposals do not repay the catch-up
+    assert a_call_at(0.99) == 8  # runs begun at another prediction keep their own record
+
+
 def test_earlier_answers_say_how_many_tokens_lie_ahead():
     lengths = AnswerLengths()
     for made in (64, 64, 16):  # three calls: two ran to 64 tokens, one stopped at 16

@@ -138,6 +138,7 @@ def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = Fals
         length = ParallelLength if parallel else AutoLength
         return length(memory.costs, memory.calibration_for(do_sample),
                           draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
-                          realised=memory.realised_for(do_sample), lengths=memory.answer_lengths)
+                          realised=memory.realised_for(do_sample), runs=memory.runs_for(do_sample),
+                          lengths=memory.answer_lengths)
 
     return LENGTH.schedule(num_speculative_tokens, auto)

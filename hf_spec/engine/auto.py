@@ -16,10 +16,13 @@ moving average of the calibrated acceptance of the recent tokens. So plain decod
 That prediction is judged against what happens: speculation starts when the recent tokens were predictable,
 and the next ones are less so than the average says (regression to the mean). A second calibration, by bin of
 the prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
-acceptance (one standard error optimistic while a bin's record is short). Starting again after plain steps makes
-the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches only when the
-time the tokens ahead should save, at the mean acceptance (not the optimistic one a step is chosen at: a catch-up
-is paid in full before any proposal is judged), exceeds that catch-up. Both calibrations pool every text the pair
+acceptance (one standard error optimistic while a bin's record is short). The optimism decides whether a step
+speculates, the mean how much it stakes (``best_k``). Starting again after plain steps makes the draft catch up
+on every token it skipped (the whole prompt, the first time): "auto" switches only when the time the tokens ahead
+should save, at the mean acceptance (not the optimistic one a step is chosen at: a catch-up is paid in full
+before any proposal is judged), exceeds that catch-up; and at most at the acceptance earlier runs begun at the
+same prediction realised, each run counted once (``runs``: a catch-up is one bet on a run, where the proposals'
+record counts each run by its length). Both calibrations pool every text the pair
 has seen, so a text whose proposals fare worse than the pooled record (prose after code) would pay for it step
 after step: within a call, ``a`` is also held to what this call's own speculative steps realised
 (``CallAcceptance``, one standard error optimistic, starting from the pooled prediction), so speculation that loses
@@ -48,19 +51,23 @@ class AutoLength(Schedule):
     """Chooses k each step from measured costs and predicted acceptance (see the module docstring).
 
     calibration: acceptance by the target's confidence; realised: acceptance by the prediction made before
-    a step (fresh when not given); draft_cost_ratio: the draft's cost per token as a share of V(1) until it
-    is measured (e.g. the ratio of the parameter counts); catch_up_ratio: the draft's cost per skipped token
-    (a prefill) as a share of its cost per proposed token, until measured; smoothing: the weight of each new
-    token in the acceptance average; max_horizon: the most tokens ahead a switch to speculation is expected
-    to pay over; first_k: the length of the steps that measure the draft's costs, once per pair.
+    a step (fresh when not given); runs: the acceptance each run of speculative steps realised, one observation
+    a run, by the prediction it began at (fresh when not given; ``worth_catching_up``); draft_cost_ratio: the
+    draft's cost per token as a share of V(1) until it is measured (e.g. the ratio of the parameter counts);
+    catch_up_ratio: the draft's cost per skipped token (a prefill) as a share of its cost per proposed token,
+    until measured; smoothing: the weight of each new token in the acceptance average; max_horizon: the most
+    tokens ahead a switch to speculation is expected to pay over; first_k: the length of the steps that measure
+    the draft's costs, once per pair.
     """
 
     def __init__(self, costs: Costs, calibration: ConfidenceCalibration, max_k: int = 8,
                  draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
                  max_horizon: int = 64, first_k: int = 3, realised: ConfidenceCalibration | None = None,
-                 lengths: AnswerLengths | None = None):
+                 lengths: AnswerLengths | None = None, runs: ConfidenceCalibration | None = None):
         self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
         self.realised = realised or ConfidenceCalibration.of_predictions()
+        self.runs = runs or ConfidenceCalibration.of_predictions()
+        self.run: list[float] | None = None  # the run under way: [its prediction, accepted, judged]
         self.lengths = lengths or AnswerLengths()
         self.draft_cost_ratio, self.catch_up_ratio = draft_cost_ratio, catch_up_ratio
         self.smoothing, self.max_horizon = smoothing, max_horizon
@@ -74,6 +81,7 @@ class AutoLength(Schedule):
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
         self.behind, self.max_new_tokens, self.made = prompt_length, max_new_tokens, 0
         self.in_call = CallAcceptance()
+        self.end_run()
         self.lengths.begin()
 
     @property
@@ -120,7 +128,17 @@ class AutoLength(Schedule):
         return expected_tokens_per_step(self.survival(k, a)) / step
 
     def best_k(self) -> int:
-        return max(range(self.max_k + 1), key=self.expected_rate)
+        """The step's k: among the k that could pay at the optimistic acceptance (``expected_acceptance``), the one
+        with the best expected rate at the mean (``mean_acceptance``); 0 where none could pay. The optimism
+        decides whether a step explores, the mean how much it stakes: where verifying k + 1 tokens costs several
+        times one (float32 on a CPU), a step of eight proposals taken at an optimistic 0.95 loses about five plain
+        tokens' time when the mean (0.6) was right, and the smallest step that could pay loses a fraction of that."""
+        plain = self.expected_rate(0)
+        could_pay = [k for k in range(1, self.max_k + 1) if self.expected_rate(k) > plain]
+        if not could_pay:
+            return 0
+        mean = self.mean_acceptance()
+        return max(could_pay, key=lambda k: self.expected_rate(k, mean))
 
     def tokens_ahead(self) -> float:
         """What earlier calls made beyond this call's length (``AnswerLengths``); with no earlier call that long, as
@@ -132,8 +150,11 @@ class AutoLength(Schedule):
         """Would speculating over the tokens ahead save more than the draft needs to catch up on the tokens it
         skipped? Judged at the mean acceptance (``mean_acceptance``), at the best k there: the optimism that keeps
         a step's choice exploring costs at most that step, where a catch-up on a long prompt is paid in full
-        before any proposal is judged."""
-        a = self.mean_acceptance()
+        before any proposal is judged. And at most at what earlier runs begun at this prediction realised
+        (``runs``): a catch-up is one bet on a run, and the proposals' record counts each run by its length, so
+        the long runs of code and arithmetic would vouch for the short, losing ones that prose starts at the same
+        prediction."""
+        a = min(self.mean_acceptance(), self.runs.rate(self.acceptance))
         best = max(self.expected_rate(k, a) for k in range(1, self.max_k + 1))
         saved_per_token = 1.0 / self.expected_rate(0) - 1.0 / best
         return saved_per_token * self.tokens_ahead() > self.catch_up_cost(self.behind - 1)
@@ -162,18 +183,31 @@ class AutoLength(Schedule):
         else:
             self.costs.observe_draft_token(propose_s / k)
 
+    def end_run(self) -> None:
+        """Record the run of speculative steps under way (if any) as one observation of its acceptance."""
+        if self.run is not None and self.run[2]:
+            prediction, accepted, judged = self.run
+            self.runs.update(prediction, accepted / judged)
+        self.run = None
+
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         self.costs.observe_verify(k + 1, verify_s)
         if k > 0:
             self.observe_draft(k, propose_s)
+            if self.run is None or self.behind > 1:  # a catch-up begins a run
+                self.end_run()
+                self.run = [self.predicted_for_step, 0, 0]
             for row_accepted, row_confidence in zip(accepted, confidence):
                 for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
                     self.calibration.update(row_confidence[i], i < row_accepted)
                     self.realised.update(self.predicted_for_step, i < row_accepted)
                     self.in_call.update(i < row_accepted)
+                    self.run[1] += i < row_accepted
+                    self.run[2] += 1
             self.behind = 1
         else:
+            self.end_run()
             self.behind += 1
         self.made += 1 + (min(accepted) if accepted else 0)
         self.lengths.record(self.made)

@@ -48,7 +48,9 @@ class ConfidenceCalibration:
         rate = self.rate(confidence)
         return min(rate + math.sqrt(rate * (1 - rate) / self.seen[self._bin(confidence)]), 1.0)
 
-    def update(self, confidence: float, accepted: bool) -> None:
+    def update(self, confidence: float, accepted: bool | float) -> None:
+        """One observation at ``confidence``: a proposal accepted or not, or a share in [0, 1] (a run's
+        acceptance, counted as one observation)."""
         count_with_fading(self.accepted, self.seen, self._bin(confidence), accepted, self.memory)
 
 
@@ -79,7 +81,7 @@ class CallAcceptance:
         return min(rate + math.sqrt(rate * (1 - rate) / (self.judged + self.prior_weight)), 1.0)
 
 
-def count_with_fading(accepted: list[float], seen: list[float], i: int, hit: bool, memory: float) -> None:
+def count_with_fading(accepted: list[float], seen: list[float], i: int, hit: bool | float, memory: float) -> None:
     """Add one observation to pseudo-counts ``accepted[i]`` / ``seen[i]``; once ``seen[i]`` reaches ``memory``, older
     ones fade so that it stays there (the estimate follows a new pair or text)."""
     if seen[i] >= memory:

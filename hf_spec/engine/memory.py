@@ -17,6 +17,7 @@ class PairMemory:
     costs: Costs = field(default_factory=Costs)
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
+    runs: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample: AutoLength.runs
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # EAGLE: a hf_spec.eagle.auto.TreeConfidence
     probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # Medusa's and EAGLE's auto: plain steps
@@ -28,6 +29,9 @@ class PairMemory:
 
     def realised_for(self, do_sample: bool) -> ConfidenceCalibration:
         return self.realised.setdefault(do_sample, ConfidenceCalibration.of_predictions())
+
+    def runs_for(self, do_sample: bool) -> ConfidenceCalibration:
+        return self.runs.setdefault(do_sample, ConfidenceCalibration.of_predictions())
 
 
 class PairMemories:
