@@ -108,16 +108,23 @@ def test_a_catch_up_is_judged_at_the_mean_acceptance_not_at_the_optimism_that_ke
     assert auto.next() > 0
 
 
-def test_a_step_taken_on_optimism_stakes_what_is_best_at_the_mean_acceptance():
+def test_a_probe_taken_on_optimism_stakes_what_loses_least_at_the_mean_acceptance():
     auto = auto_with(CPU, 0.15, 0.65, realised=ConfidenceCalibration.of_predictions())  # a short record
     assert auto.expected_acceptance() > 0.95 and auto.mean_acceptance() == pytest.approx(0.65)
-    optimistic = max(range(9), key=auto.expected_rate)
-    assert optimistic == 8  # at the optimism alone: eight proposals
-    # of the k that could pay at the optimism (2..8), two proposals lose least at the mean (k = 8 loses ~half a step)
-    assert auto.expected_rate(8, 0.65) < auto.expected_rate(2, 0.65) < auto.expected_rate(0)
+    assert max(range(9), key=auto.expected_rate) == 8  # at the optimism alone: eight proposals
+    assert all(auto.expected_rate(k, 0.65) < auto.expected_rate(0) for k in range(1, 9))  # at the mean: plain
+    # a probe: of the k that could pay at the optimism (2..8), two proposals lose least at the mean
+    assert auto.expected_rate(8, 0.65) < auto.expected_rate(2, 0.65)
     assert auto.next() == 2
     auto.acceptance = 0.97  # where the mean says eight pay, eight it is
     assert auto.mean_acceptance() > 0.95 and auto.next() == 8
+
+
+def test_where_the_mean_says_a_step_pays_k_is_the_best_at_the_optimistic_acceptance():
+    auto = auto_with(GPU_FLAT, 0.002, 0.65, realised=ConfidenceCalibration.of_predictions())
+    at_mean = max(range(9), key=lambda k: auto.expected_rate(k, auto.mean_acceptance()))
+    at_optimism = max(range(9), key=auto.expected_rate)
+    assert 0 < at_mean < at_optimism and auto.next() == at_optimism  # erring long costs little where steps pay
 
 
 def test_a_catch_up_is_judged_by_how_earlier_runs_begun_at_its_prediction_went():

@@ -16,13 +16,13 @@ moving average of the calibrated acceptance of the recent tokens. So plain decod
 That prediction is judged against what happens: speculation starts when the recent tokens were predictable,
 and the next ones are less so than the average says (regression to the mean). A second calibration, by bin of
 the prediction, learns from every speculative step the acceptance that followed it; ``a`` is that realised
-acceptance (one standard error optimistic while a bin's record is short). The optimism decides whether a step
-speculates, the mean how much it stakes (``best_k``). Starting again after plain steps makes the draft catch up
-on every token it skipped (the whole prompt, the first time): "auto" switches only when the time the tokens ahead
-should save, at the mean acceptance (not the optimistic one a step is chosen at: a catch-up is paid in full
-before any proposal is judged), exceeds that catch-up; and at most at the acceptance earlier runs begun at the
-same prediction realised, each run counted once (``runs``: a catch-up is one bet on a run, where the proposals'
-record counts each run by its length). Both calibrations pool every text the pair
+acceptance (one standard error optimistic while a bin's record is short). Where only that optimism says a step
+could pay, the step is a probe, and stakes what loses least at the mean (``best_k``). Starting again after plain
+steps makes the draft catch up on every token it skipped (the whole prompt, the first time): "auto" switches only
+when the time the tokens ahead should save, at the mean acceptance (not the optimistic one a step is chosen at: a
+catch-up is paid in full before any proposal is judged), exceeds that catch-up; and at most at the acceptance
+earlier runs begun at the same prediction realised, each run counted once (``runs``: a catch-up is one bet on a
+run, where the proposals' record counts each run by its length). Both calibrations pool every text the pair
 has seen, so a text whose proposals fare worse than the pooled record (prose after code) would pay for it step
 after step: within a call, ``a`` is also held to what this call's own speculative steps realised
 (``CallAcceptance``, one standard error optimistic, starting from the pooled prediction), so speculation that loses
@@ -128,17 +128,18 @@ class AutoLength(Schedule):
         return expected_tokens_per_step(self.survival(k, a)) / step
 
     def best_k(self) -> int:
-        """The step's k: among the k that could pay at the optimistic acceptance (``expected_acceptance``), the one
-        with the best expected rate at the mean (``mean_acceptance``); 0 where none could pay. The optimism
-        decides whether a step explores, the mean how much it stakes: where verifying k + 1 tokens costs several
-        times one (float32 on a CPU), a step of eight proposals taken at an optimistic 0.95 loses about five plain
-        tokens' time when the mean (0.6) was right, and the smallest step that could pay loses a fraction of that."""
-        plain = self.expected_rate(0)
-        could_pay = [k for k in range(1, self.max_k + 1) if self.expected_rate(k) > plain]
-        if not could_pay:
-            return 0
-        mean = self.mean_acceptance()
-        return max(could_pay, key=lambda k: self.expected_rate(k, mean))
+        """The step's k. Where some k pays at the mean acceptance (``mean_acceptance``), the best at the optimistic
+        one (``expected_acceptance``): erring long costs little where the step pays. Where only the optimism says a
+        step could pay (a short record's benefit of the doubt), the step is a probe: of the k that could pay at the
+        optimism, the one that loses least at the mean; 0 where none could pay. Where verifying k + 1 tokens costs
+        several times one (float32 on a CPU), a probe of eight proposals loses about five plain tokens' time when
+        the mean was right, the smallest that could pay a fraction of that."""
+        plain, mean = self.expected_rate(0), self.mean_acceptance()
+        ks = range(1, self.max_k + 1)
+        if any(self.expected_rate(k, mean) > plain for k in ks):
+            return max(ks, key=self.expected_rate)
+        could_pay = [k for k in ks if self.expected_rate(k) > plain]
+        return max(could_pay, key=lambda k: self.expected_rate(k, mean)) if could_pay else 0
 
     def tokens_ahead(self) -> float:
         """What earlier calls made beyond this call's length (``AnswerLengths``); with no earlier call that long, as
