@@ -47,6 +47,16 @@ from .estimates import AnswerLengths, CallAcceptance, ConfidenceCalibration
 from .schedule import Schedule
 
 
+@dataclass
+class Run:
+    """A run of speculative steps, from the catch-up that began it to the next plain step: the acceptance predicted
+    when it began, and the proposals its steps accepted and judged."""
+
+    prediction: float
+    accepted: int = 0
+    judged: int = 0
+
+
 class AutoLength(Schedule):
     """Chooses k each step from measured costs and predicted acceptance (see the module docstring).
 
@@ -67,7 +77,7 @@ class AutoLength(Schedule):
         self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
         self.realised = realised or ConfidenceCalibration.of_predictions()
         self.runs = runs or ConfidenceCalibration.of_predictions()
-        self.run: list[float] | None = None  # the run under way: [its prediction, accepted, judged]
+        self.run: Run | None = None  # the run of speculative steps under way
         self.lengths = lengths or AnswerLengths()
         self.draft_cost_ratio, self.catch_up_ratio = draft_cost_ratio, catch_up_ratio
         self.smoothing, self.max_horizon = smoothing, max_horizon
@@ -186,9 +196,8 @@ class AutoLength(Schedule):
 
     def end_run(self) -> None:
         """Record the run of speculative steps under way (if any) as one observation of its acceptance."""
-        if self.run is not None and self.run[2]:
-            prediction, accepted, judged = self.run
-            self.runs.update(prediction, accepted / judged)
+        if self.run is not None and self.run.judged:
+            self.runs.update(self.run.prediction, self.run.accepted / self.run.judged)
         self.run = None
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
@@ -198,14 +207,14 @@ class AutoLength(Schedule):
             self.observe_draft(k, propose_s)
             if self.run is None or self.behind > 1:  # a catch-up begins a run
                 self.end_run()
-                self.run = [self.predicted_for_step, 0, 0]
+                self.run = Run(self.predicted_for_step)
             for row_accepted, row_confidence in zip(accepted, confidence):
                 for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
                     self.calibration.update(row_confidence[i], i < row_accepted)
                     self.realised.update(self.predicted_for_step, i < row_accepted)
                     self.in_call.update(i < row_accepted)
-                    self.run[1] += i < row_accepted
-                    self.run[2] += 1
+                    self.run.accepted += i < row_accepted
+                    self.run.judged += 1
             self.behind = 1
         else:
             self.end_run()
