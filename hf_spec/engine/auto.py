@@ -50,11 +50,12 @@ from .schedule import Schedule
 @dataclass
 class Run:
     """A run of speculative steps, from the catch-up that began it to the next plain step: the acceptance predicted
-    when it began, and the proposals its steps accepted and judged."""
+    when it began, and the call's counts of accepted and judged proposals then (``CallAcceptance``: a run is the
+    part of the call's record since)."""
 
     prediction: float
-    accepted: int = 0
-    judged: int = 0
+    accepted_before: int
+    judged_before: int
 
 
 class AutoLength(Schedule):
@@ -89,9 +90,9 @@ class AutoLength(Schedule):
         self.in_call = CallAcceptance()  # what this call's speculative steps realised
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
+        self.end_run()
         self.behind, self.max_new_tokens, self.made = prompt_length, max_new_tokens, 0
         self.in_call = CallAcceptance()
-        self.end_run()
         self.lengths.begin()
 
     @property
@@ -144,11 +145,11 @@ class AutoLength(Schedule):
         optimism, the one that loses least at the mean; 0 where none could pay. Where verifying k + 1 tokens costs
         several times one (float32 on a CPU), a probe of eight proposals loses about five plain tokens' time when
         the mean was right, the smallest that could pay a fraction of that."""
-        plain, mean = self.expected_rate(0), self.mean_acceptance()
+        plain, mean, optimistic = self.expected_rate(0), self.mean_acceptance(), self.expected_acceptance()
         ks = range(1, self.max_k + 1)
         if any(self.expected_rate(k, mean) > plain for k in ks):
-            return max(ks, key=self.expected_rate)
-        could_pay = [k for k in ks if self.expected_rate(k) > plain]
+            return max(ks, key=lambda k: self.expected_rate(k, optimistic))
+        could_pay = [k for k in ks if self.expected_rate(k, optimistic) > plain]
         return max(could_pay, key=lambda k: self.expected_rate(k, mean)) if could_pay else 0
 
     def tokens_ahead(self) -> float:
@@ -196,8 +197,10 @@ class AutoLength(Schedule):
 
     def end_run(self) -> None:
         """Record the run of speculative steps under way (if any) as one observation of its acceptance."""
-        if self.run is not None and self.run.judged:
-            self.runs.update(self.run.prediction, self.run.accepted / self.run.judged)
+        if self.run is not None:
+            judged = self.in_call.judged - self.run.judged_before
+            if judged:
+                self.runs.update(self.run.prediction, (self.in_call.accepted - self.run.accepted_before) / judged)
         self.run = None
 
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
@@ -207,14 +210,12 @@ class AutoLength(Schedule):
             self.observe_draft(k, propose_s)
             if self.run is None or self.behind > 1:  # a catch-up begins a run
                 self.end_run()
-                self.run = Run(self.predicted_for_step)
+                self.run = Run(self.predicted_for_step, self.in_call.accepted, self.in_call.judged)
             for row_accepted, row_confidence in zip(accepted, confidence):
                 for i in range(min(k, row_accepted + 1)):  # proposals 1..accepted + 1 were judged
                     self.calibration.update(row_confidence[i], i < row_accepted)
                     self.realised.update(self.predicted_for_step, i < row_accepted)
                     self.in_call.update(i < row_accepted)
-                    self.run.accepted += i < row_accepted
-                    self.run.judged += 1
             self.behind = 1
         else:
             self.end_run()
