@@ -207,6 +207,33 @@ def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
     assert proposer._choose([(2, chain)], 3, both=True) == "fallback"
 
 
+def test_lookup_steps_that_bring_less_than_the_pooled_record_promised_hand_the_call_to_the_draft():
+    """The lookup's record is pooled over earlier text: where this call's answer does not repeat its prompt, its
+    short matches fail step after step. Each lookup step's tokens brought, against what the record promised for
+    it, scale the lookup's promise for the rest of the call (``CallYield``); a new call starts from the record."""
+    proposer = _good_draft_beside_lookup()  # three tokens a step for 0.05 + 0.20 s: 0.083 s a token
+    proposer.costs.verify = {4: 0.20, 14: 0.22}
+    proposer.propose_seconds = {"draft": 0.05}
+    for _ in range(100):
+        proposer.lookup.survival[1].observe(10, 3)  # pooled: a one-token match copies three more
+    chain = list(range(10))
+    assert proposer._choose([(1, chain)], 3, both=False) == "lookup"  # four tokens for V(11) = 0.214 s
+    promised = proposer._lookup_promise(1, chain)
+    assert 2.9 < promised < 3.1
+    proposer.source, proposer.lookup_promised = "lookup", [promised]
+    proposer.advance([3])  # this call's first lookup step brought what was promised
+    assert proposer.lookup_yield.share() == 1.0
+    assert proposer._choose([(1, chain)], 3, both=False) == "lookup"
+    for _ in range(2):
+        proposer.source, proposer.lookup_promised = "lookup", [proposer._lookup_promise(1, chain)]
+        proposer.advance([0])  # then two that brought nothing: (3 + 2) / (9 + 2) of the promise
+    assert 0.4 < proposer.lookup_yield.share() < 0.5
+    assert proposer._choose([(1, chain)], 3, both=False) == "fallback"
+    assert proposer._choose([(1, chain)], 3, both=True) != "lookup"
+    proposer.start(64)
+    assert proposer._choose([(1, chain)], 3, both=False) == "lookup"
+
+
 def test_the_draft_pays_its_catch_up_spread_over_the_tokens_it_should_serve():
     """A draft that must first feed a long prompt is priced with that catch-up spread over the tokens the call may
     still make, in the share of the call's steps where the draft was the fastest source (after two steps it was

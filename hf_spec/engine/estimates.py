@@ -1,6 +1,6 @@
 """What "auto" schedules learn from the steps they watch: acceptance by the target's confidence
-(``ConfidenceCalibration``), in the call under way (``CallAcceptance``), by position (``PositionSurvival``), and how
-long answers run (``AnswerLengths``).
+(``ConfidenceCalibration``), in the call under way (``CallAcceptance``, ``CallYield``), by position
+(``PositionSurvival``), and how long answers run (``AnswerLengths``).
 Each is a running estimate with a prior; those kept across calls fade their older observations, so they follow a
 new pair or a new text."""
 from __future__ import annotations
@@ -79,6 +79,28 @@ class CallAcceptance:
             return 1.0
         rate = self.mean(prior)
         return min(rate + math.sqrt(rate * (1 - rate) / (self.judged + self.prior_weight)), 1.0)
+
+
+class CallYield:
+    """What one call's steps of a proposer brought against what a record pooled over earlier text promised for them:
+    accepted tokens over expected ones (the record's mean), as pseudo-counts after a prior of ``prior_weight``
+    tokens at the record's word. Counted by step, not by proposal: where a pooled record is wrong for a text (prompt
+    lookup's short matches in an answer that does not repeat its prompt), a step's proposals fail together, so
+    ``CallAcceptance``'s count by proposal barely moves. e.g. two steps promised 3.1 tokens each and brought 0 and 1:
+    (1 + 2) / (6.2 + 2) = 0.37. ``share()``: at most 1, the part of the record's promise to take for this call's
+    next steps."""
+
+    def __init__(self, prior_weight: float = 2.0):
+        self.prior_weight = prior_weight
+        self.promised = 0.0
+        self.accepted = 0
+
+    def observe(self, promised: float, accepted: int) -> None:
+        self.promised += promised
+        self.accepted += accepted
+
+    def share(self) -> float:
+        return min((self.accepted + self.prior_weight) / (self.promised + self.prior_weight), 1.0)
 
 
 def count_with_fading(accepted: list[float], seen: list[float], i: int, hit: bool | float, memory: float) -> None:

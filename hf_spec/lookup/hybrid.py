@@ -10,7 +10,7 @@ import math
 import torch
 from transformers import LogitsProcessorList
 
-from ..engine.estimates import AnswerLengths, PositionSurvival
+from ..engine.estimates import AnswerLengths, CallYield, PositionSurvival
 from ..engine.costs import Costs
 from ..engine.memory import pair_memory
 from ..engine.proposer import Proposal, Proposer
@@ -51,25 +51,27 @@ class LookupAndDraftProposer:
     """Each step, one of three proposals: the lookup's chain alone, where every live row has one (at most
     ``lookup_length`` tokens, shorter rows padded with their last token; the draft does not run); ``fallback``'s
     proposal of ``fallback_k`` tokens alone; or, under greedy decoding, both as one tree per row (``_union``: the
-    draft's chain, and the lookup's continuation branching off where it differs), whose longest accepted path
-    wins (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen
-    brings tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has realised
-    (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
+    draft's chain, and the lookup's continuation branching off where it differs), whose longest accepted path wins
+    (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen brings
+    tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has realised (the
+    lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
     ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a story; each one
-    standard error optimistic, so that a match class the draft outbids at its prior gets tried; for both, position
-    i survives where either does, taken as independent), T = the proposer's measured time a step (the draft's
-    exclude its catch-up) + the target's verification of the step's width (``costs``, the pair's: measured by width,
-    interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
-    its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call,
-    the prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the
-    tokens the draft proposes after it gain from it; how many the call should still make is what earlier calls
-    made beyond this point (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer
-    records each call's length: a RAG answer stops long before ``max_new_tokens``), or what it may still make
-    where no earlier call went this far. Where that catch-up is what makes the draft lose, and the lookup has
-    nothing better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain
-    is deterministic: under sampling its q is one-hot, so the speculative sampling rule keeps the target's
-    distribution; the tree of both is proposed under greedy decoding only, as the draft's sampled chain needs its
-    q. ``source``: what proposed last ("lookup", "fallback", "both" or "plain")."""
+    standard error optimistic, so that a match class the draft outbids at its prior gets tried; the lookup's scaled
+    by the share of its pooled promise that this call's lookup steps brought, ``lookup_yield``: in an answer that
+    does not repeat its prompt, short matches fail step after step where the pooled record says they copy; for both,
+    position i survives where either does, taken as independent), T = the proposer's measured time a step (the
+    draft's exclude its catch-up) + the target's verification of the step's width (``costs``, the pair's: measured
+    by width, interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on
+    the tokens its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of
+    a call, the prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once,
+    and the tokens the draft proposes after it gain from it; how many the call should still make is what earlier
+    calls made beyond this point (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer
+    records each call's length: a RAG answer stops long before ``max_new_tokens``), or what it may still make where
+    no earlier call went this far. Where that catch-up is what makes the draft lose, and the lookup has nothing
+    better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain is deterministic:
+    under sampling its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of
+    both is proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed
+    last ("lookup", "fallback", "both" or "plain")."""
 
     hidden_layers = ()
 
@@ -89,11 +91,14 @@ class LookupAndDraftProposer:
         self.max_new_tokens, self.tokens_left = 1, 1  # what the call may make, and still make (``start``)
         self.steps_judged, self.draft_wanted = 0, 0  # this call's steps, and those the draft was the fastest for
         self.lacking = 0  # the tokens the draft's cache lacked at the last step (its catch-up when it ran)
+        self.lookup_yield = CallYield()  # this call's lookup steps: tokens brought against the pooled promise
+        self.lookup_promised: list[float | None] = []  # the last step's promise by row (None: a finished row)
         self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree; rows' nodes by source
 
     def start(self, max_new_tokens: int) -> None:
         self.max_new_tokens = self.tokens_left = max_new_tokens
         self.steps_judged, self.draft_wanted = 0, 0
+        self.lookup_yield = CallYield()
         if self.records_lengths:
             self.lengths.begin()
 
@@ -106,6 +111,8 @@ class LookupAndDraftProposer:
         self.lacking = 0 if covered is None else max(row.shape[1] - held for row, held in zip(rows, covered))
         self.source = self._choose([chain for chain in matched if chain is not None], fallback_k,
                                    both=not do_sample)
+        if self.source in ("lookup", "both"):
+            self.lookup_promised = [None if match is None else self._lookup_promise(*match) for match in matched]
         if self.source == "plain":
             self.fallback_proposed = 0
             return Proposal(tokens=rows[0].new_empty(len(rows), 0))
@@ -136,9 +143,9 @@ class LookupAndDraftProposer:
         per_token = {"fallback": self._seconds("draft", fallback_k + 1) / (1 + sum(draft))}
         if matched:
             lookup_nodes = max(len(chain) for _, chain in matched)
-            survival = self.lookup.survival
-            lookup = [_position_rates(survival[length].expected(len(chain), optimistic=True)) if chain else []
-                      for length, chain in live]
+            survival, share = self.lookup.survival, self.lookup_yield.share()
+            lookup = [[share * s for s in _position_rates(survival[length].expected(len(chain), optimistic=True))]
+                      if chain else [] for length, chain in live]
             if lookup_possible:
                 per_token["lookup"] = self._seconds("lookup", lookup_nodes + 1) * len(live) / sum(
                     1 + sum(rows) for rows in lookup)
@@ -156,6 +163,16 @@ class LookupAndDraftProposer:
             if self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
                 per_token["plain"] = self.costs.verify_cost(1)
         return _fastest(per_token)
+
+    def _lookup_promise(self, match_length: int, chain: list[int]) -> float:
+        """The tokens of ``chain`` the pooled record expects accepted (its mean, for ``lookup_yield``)."""
+        return self.lookup.survival[match_length].expected(len(chain))[-1] - 1.0 if chain else 0.0
+
+    def _observe_lookup_yield(self, accepted: list[int]) -> None:
+        """What the last step's lookup tokens brought, by row, against what they promised."""
+        rows = [(promised, brought) for promised, brought in zip(self.lookup_promised, accepted)
+                if promised is not None]
+        self.lookup_yield.observe(sum(promised for promised, _ in rows), sum(brought for _, brought in rows))
 
     def _tokens_ahead(self) -> float:
         """The tokens the call should still make: what earlier calls made beyond this call's length, or, where none
@@ -235,10 +252,12 @@ class LookupAndDraftProposer:
         if self.records_lengths:
             self.lengths.record(self.max_new_tokens - self.tokens_left)
         if self.source == "lookup":
+            self._observe_lookup_yield(accepted)
             self.lookup.advance(accepted)
             return
         if self.source == "both":
             accepted, by_lookup = self.accepted_by_source(live_only=False)
+            self._observe_lookup_yield(by_lookup)
             self.lookup.advance(by_lookup)
             self._both = None
         if self.fallback_proposed:
