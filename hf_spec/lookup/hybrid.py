@@ -98,7 +98,7 @@ class LookupAndDraftProposer:
     def start(self, max_new_tokens: int) -> None:
         self.max_new_tokens = self.tokens_left = max_new_tokens
         self.steps_judged, self.draft_wanted = 0, 0
-        self.lookup_yield = CallYield()
+        self.lookup_yield, self.lookup_promised = CallYield(), []
         if self.records_lengths:
             self.lengths.begin()
 
@@ -169,10 +169,12 @@ class LookupAndDraftProposer:
         return self.lookup.survival[match_length].expected(len(chain))[-1] - 1.0 if chain else 0.0
 
     def _observe_lookup_yield(self, accepted: list[int]) -> None:
-        """What the last step's lookup tokens brought, by row, against what they promised."""
+        """What the last step's lookup tokens brought, by row, against what they promised (once: a prefill's
+        ``advance`` before the next proposal hears nothing)."""
         rows = [(promised, brought) for promised, brought in zip(self.lookup_promised, accepted)
                 if promised is not None]
         self.lookup_yield.observe(sum(promised for promised, _ in rows), sum(brought for _, brought in rows))
+        self.lookup_promised = []
 
     def _tokens_ahead(self) -> float:
         """The tokens the call should still make: what earlier calls made beyond this call's length, or, where none
