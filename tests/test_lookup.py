@@ -499,13 +499,3 @@ def test_auto_lookup_probes_with_a_node_when_plain_decoding_wins():
         k = schedule.next()
         sizes.append((k, schedule.nodes_for(1, k) if k else None))
     assert sizes == [(0, None), (1, 1), (0, None), (0, None)]  # a probe after 2 plain steps, then after 4
-
-
-def test_auto_lookup_s_probe_interval_goes_on_across_calls(target):
-    """The records a probe keeps current are pooled across calls, so is the interval between probes: a call does
-    not probe anew after 8 plain steps (in float32, a failed probe costs about a plain token's time)."""
-    from hf_spec.lookup.generate import lookup_schedule
-
-    first, second = (lookup_schedule("auto", target, "prompt_lookup", 10) for _ in range(2))
-    assert first.cadence is second.cadence
-    assert lookup_schedule("auto", target, "prompt_lookup", 10, cache_costs=False).cadence is not first.cadence

@@ -233,10 +233,8 @@ class AutoLength(Schedule):
 class ProbeCadence:
     """While plain decoding wins, a probe step after ``every`` plain steps (``streak`` counts them); ``every``
     starts at ``minimum``, doubles after each probe up to ``maximum``, and falls back to ``minimum`` when a tree
-    pays. A schedule given the pair's (Medusa's, EAGLE's and prompt lookup's, from its ``PairMemory``) goes on
-    across calls instead of probing anew in each: what a probe keeps current (the heads' accuracy, the draft's
-    confidence, the lookup's survival by match length) is pooled across calls too. Where verifying a few tokens
-    costs twice one (float32 on a CPU), a failed probe costs about a plain token's time."""
+    pays. A schedule given the pair's (Medusa's and EAGLE's, from its ``PairMemory``) goes on across calls instead
+    of probing anew in each; prompt lookup's starts afresh in each call, as its matches depend on the prompt."""
 
     minimum: int = 8
     maximum: int = 128

@@ -73,14 +73,12 @@ def lookup_proposer(call: DecodingCall, num_tokens: int, max_ngram: int, schedul
 def lookup_schedule(num_speculative_tokens, target, memory_key, num_tokens: int, cache_costs: bool = True,
                     max_nodes: int | None = None, costs: Costs | None = None) -> Schedule:
     """Nodes per step: a fixed int, or "auto" (``AutoLookup`` up to ``max_nodes``, default
-    ``AUTO_NODES_PER_TOKEN * num_tokens``; its estimates and probe cadence kept for (target, ``memory_key``) across
-    calls unless ``cache_costs=False``; ``costs``: the target's costs another schedule of the call measures, to
-    share)."""
+    ``AUTO_NODES_PER_TOKEN * num_tokens``; its estimates kept for (target, ``memory_key``) across calls unless
+    ``cache_costs=False``; ``costs``: the target's costs another schedule of the call measures, to share)."""
     def auto() -> AutoLookup:
         memory = pair_memory(target, memory_key, cache_costs)
         largest = max_nodes or AUTO_NODES_PER_TOKEN * num_tokens
         memory.lookup_survival = memory.lookup_survival or MatchSurvival()
-        return AutoLookup(costs or memory.costs, memory.lookup_survival, max_nodes=largest,
-                          cadence=memory.probe_cadence)
+        return AutoLookup(costs or memory.costs, memory.lookup_survival, max_nodes=largest)
 
     return LENGTH.schedule(num_speculative_tokens, auto)
