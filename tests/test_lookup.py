@@ -499,3 +499,13 @@ def test_auto_lookup_probes_with_a_node_when_plain_decoding_wins():
         k = schedule.next()
         sizes.append((k, schedule.nodes_for(1, k) if k else None))
     assert sizes == [(0, None), (1, 1), (0, None), (0, None)]  # a probe after 2 plain steps, then after 4
+
+
+def test_auto_lookup_probes_anew_in_each_call(target):
+    """A call's matches depend on its prompt: each call's lookup probes after 8 plain steps, whatever earlier calls
+    found (a probe is how a call finds the copies its prompt offers, where the pooled records say plain)."""
+    from hf_spec.lookup.generate import lookup_schedule
+
+    first, second = (lookup_schedule("auto", target, "prompt_lookup", 10) for _ in range(2))
+    assert first.estimate is second.estimate  # the records by match length are the pair's
+    assert first.cadence is not second.cadence and second.cadence.every == second.cadence.minimum
