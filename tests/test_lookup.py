@@ -218,17 +218,18 @@ def test_lookup_steps_that_bring_less_than_the_pooled_record_promised_hand_the_c
         proposer.lookup.survival[1].observe(10, 3)  # pooled: a one-token match copies three more
     chain = list(range(10))
     assert proposer._choose([(1, chain)], 3, both=False) == "lookup"  # four tokens for V(11) = 0.214 s
-    promised = proposer._lookup_promise(1, chain)
-    assert 2.9 < promised < 3.1
-    proposer.source, proposer.lookup_promised = "lookup", [promised]
+    promised = [proposer._lookup_promise(1, len(chain))]
+    assert 2.9 < promised[0] < 3.1
+    proposer.source, proposer.lookup.proposed = "lookup", [(1, len(chain))]  # what the lookup's chain() records
     proposer.advance([3])  # this call's first lookup step brought what was promised
     proposer.advance([0])  # a plain step after it: the lookup proposed nothing there
     assert proposer.lookup_yield.share() == 1.0
     assert proposer._choose([(1, chain)], 3, both=False) == "lookup"
     for _ in range(2):
-        proposer.source, proposer.lookup_promised = "lookup", [proposer._lookup_promise(1, chain)]
-        proposer.advance([0])  # then two that brought nothing: (3 + 2) / (9 + 2) of the promise
-    assert proposer.lookup_yield.share() == pytest.approx((3 + 2) / (3 * promised + 2))
+        promised.append(proposer._lookup_promise(1, len(chain)))
+        proposer.source, proposer.lookup.proposed = "lookup", [(1, len(chain))]
+        proposer.advance([0])  # then two that brought nothing: about (3 + 2) / (9 + 2) of the promise
+    assert proposer.lookup_yield.share() == pytest.approx((3 + 2) / (sum(promised) + 2))
     assert proposer._choose([(1, chain)], 3, both=False) == "fallback"
     assert proposer._choose([(1, chain)], 3, both=True) != "lookup"
     proposer.start(64)

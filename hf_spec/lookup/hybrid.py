@@ -92,13 +92,12 @@ class LookupAndDraftProposer:
         self.steps_judged, self.draft_wanted = 0, 0  # this call's steps, and those the draft was the fastest for
         self.lacking = 0  # the tokens the draft's cache lacked at the last step (its catch-up when it ran)
         self.lookup_yield = CallYield()  # this call's lookup steps: tokens brought against the pooled promise
-        self.lookup_promised: list[float | None] = []  # the last step's promise by row (None: a finished row)
         self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree; rows' nodes by source
 
     def start(self, max_new_tokens: int) -> None:
         self.max_new_tokens = self.tokens_left = max_new_tokens
         self.steps_judged, self.draft_wanted = 0, 0
-        self.lookup_yield, self.lookup_promised = CallYield(), []
+        self.lookup_yield = CallYield()
         if self.records_lengths:
             self.lengths.begin()
 
@@ -111,8 +110,6 @@ class LookupAndDraftProposer:
         self.lacking = 0 if covered is None else max(row.shape[1] - held for row, held in zip(rows, covered))
         self.source = self._choose([chain for chain in matched if chain is not None], fallback_k,
                                    both=not do_sample)
-        if self.source in ("lookup", "both"):
-            self.lookup_promised = [None if match is None else self._lookup_promise(*match) for match in matched]
         if self.source == "plain":
             self.fallback_proposed = 0
             return Proposal(tokens=rows[0].new_empty(len(rows), 0))
@@ -164,17 +161,17 @@ class LookupAndDraftProposer:
                 per_token["plain"] = self.costs.verify_cost(1)
         return _fastest(per_token)
 
-    def _lookup_promise(self, match_length: int, chain: list[int]) -> float:
-        """The tokens of ``chain`` the pooled record expects accepted (its mean, for ``lookup_yield``)."""
-        return self.lookup.survival[match_length].expected(len(chain))[-1] - 1.0 if chain else 0.0
+    def _lookup_promise(self, match_length: int, nodes: int) -> float:
+        """The tokens of a chain of ``nodes`` the pooled record expects accepted (its mean, for ``lookup_yield``)."""
+        return self.lookup.survival[match_length].expected(nodes)[-1] - 1.0
 
     def _observe_lookup_yield(self, accepted: list[int]) -> None:
-        """What the last step's lookup tokens brought, by row, against what they promised (once: a prefill's
-        ``advance`` before the next proposal hears nothing)."""
-        rows = [(promised, brought) for promised, brought in zip(self.lookup_promised, accepted)
-                if promised is not None]
-        self.lookup_yield.observe(sum(promised for promised, _ in rows), sum(brought for _, brought in rows))
-        self.lookup_promised = []
+        """What the lookup's chains brought, by row, against what they promised: the rows the lookup proposed to
+        (``PromptLookupProposer.proposed``, read before its ``advance`` clears it, so a later plain step's or
+        prefill's ``advance`` hears nothing)."""
+        rows = [(length, nodes, brought) for (length, nodes), brought in zip(self.lookup.proposed, accepted) if nodes]
+        self.lookup_yield.observe(sum(self._lookup_promise(length, nodes) for length, nodes, _ in rows),
+                                  sum(brought for _, _, brought in rows))
 
     def _tokens_ahead(self) -> float:
         """The tokens the call should still make: what earlier calls made beyond this call's length, or, where none
