@@ -502,6 +502,64 @@ def test_auto_lookup_probes_with_a_node_when_plain_decoding_wins():
     assert sizes == [(0, None), (1, 1), (0, None), (0, None)]  # a probe after 2 plain steps, then after 4
 
 
+CHEAPER_TWO = {1: 1.0, 2: 0.8, 11: 1.0}  # two tokens verify faster than one (bf16 on a CPU with native bf16)
+
+
+@pytest.mark.parametrize("verify,guesses", [(CHEAPER_TWO, 1), (BY_WIDTH, 0)])
+def test_a_row_with_no_match_guesses_only_where_two_tokens_verify_faster_than_one(verify, guesses):
+    survival = _survival({1: 0, 2: 0, 4: 0})
+    for _ in range(100):
+        survival.guess().observe(1, 0)  # guesses are wrong
+    schedule = AutoLookup(Costs(verify=dict(verify), propose_step=0.001), survival, max_nodes=10)
+    assert schedule.next() == guesses  # no class of match pays: a step proposes only where a guess does
+    assert schedule.nodes_for(0, 10) == guesses
+    assert schedule.nodes_for(1, 10) == guesses  # a wrong match's first token is a guess as good
+    schedule.probing = True  # a probe is for the matches' estimates: it never adds a guess
+    assert schedule.nodes_for(0, 10) == guesses
+    assert AutoLookup(Costs(), survival).nodes_for(0, 10) == 0  # nothing judged before V(1) is measured
+
+
+def test_a_row_with_no_match_proposes_its_most_frequent_token_and_the_guesses_are_learned():
+    survival = MatchSurvival()
+    proposer = PromptLookupProposer(None, 2, num_tokens=4, sizing=lambda length, k: 1 if length == 0 else k,
+                                    survival=survival)
+    # row 0 ends with 7, never seen before: its most frequent token, 5, is the guess; row 1 matches (6 at i = 1)
+    rows = [torch.tensor([[5, 6, 5, 9, 7]]), torch.tensor([[1, 6, 2, 6]])]
+    proposal = proposer.propose(rows, 4, None, False, max_depth=10)
+    assert proposer.proposed == [(0, 1), (1, 2)] and proposer.source == "match"
+    assert proposal.tokens[0, 0] == 5
+    proposer.advance([1, 0])
+    assert survival.guess().expected(1)[1] > 1.6  # prior 1.5, then 1 of 1
+    fixed = PromptLookupProposer(None, 1, num_tokens=4)  # a fixed number of nodes: no match, no proposal
+    assert fixed.propose(rows[:1], 4, None, False, max_depth=10).k == 0 and fixed.source == "plain"
+
+
+@pytest.fixture
+def two_tokens_verify_faster(monkeypatch):
+    """Every verification of two tokens or more measured as faster than one (so that "auto" guesses)."""
+    monkeypatch.setattr(Costs, "verify_cost", lambda self, width: 1.0 if width == 1 else 0.5)
+
+
+def test_guesses_equal_plain_generate(target, tokenizer, two_tokens_verify_faster):
+    guessed = 0
+    for text in PROMPTS:
+        inputs = tokenizer(text, return_tensors="pt")
+        expected = target.generate(**inputs, max_new_tokens=40, do_sample=False)
+        out = target.generate(**inputs, max_new_tokens=40, do_sample=False, strategy="prompt_lookup",
+                              cache_costs=False)
+        assert torch.equal(out, expected), text
+        guessed += hf_spec.last_stats().sources.get("guess", 0)
+    assert guessed > 0
+
+
+def test_guesses_sample_the_target_distribution(small_target, two_tokens_verify_faster, monkeypatch):
+    lookup_proposer = importlib.import_module("hf_spec.lookup.proposer")
+    monkeypatch.setattr(lookup_proposer, "ranked_matches", lambda sequence, max_ngram: [])  # never a match
+    samples, accepted = draw_lookup(small_target, "auto")  # costs kept across calls: guesses from the second
+    assert accepted > DRAWS // 4  # guesses were accepted often (a vocabulary of a few tokens)
+    assert chi_square_p_value(samples, exact_joint(small_target, LOOKUP_PROMPT)) > ALPHA
+
+
 def test_auto_lookup_probes_anew_in_each_call(target):
     """A call's matches depend on its prompt: each call's lookup probes after 8 plain steps, whatever earlier calls
     found (a probe is how a call finds the copies its prompt offers, where the pooled records say plain)."""

@@ -51,7 +51,8 @@ class SpecStats:
     # what the strategy chose for this call and why, e.g. {"draft form": "int8 weights (...); 32768 ids (...)"}
     choices: dict[str, str] = field(default_factory=dict)
     # steps by what proposed them, for a proposer that picks one source a step (prompt lookup beside a draft:
-    # "lookup", "fallback" (the draft), "both" or "plain"); empty for the others
+    # "lookup", "fallback" (the draft), "both" or "plain"; prompt lookup: "match", "guess" or "plain"); empty for
+    # the others
     sources: dict[str, int] = field(default_factory=dict)
 
     @property

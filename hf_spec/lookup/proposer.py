@@ -29,8 +29,10 @@ class PromptLookupProposer:
     default k). ``survival``: learns, from each step, the acceptance by position of matches by length
     (``MatchSurvival``). In a batch every row verifies the same number of nodes: a row with fewer gets extra
     children of its root, tokens no sibling has (never accepted in greedy decoding unless right, lossless when
-    sampling); a row that has finished (its text did not grow since the last step) gets none of its own. No
-    match in any row: nothing is proposed and the step is a plain one."""
+    sampling); a row that has finished (its text did not grow since the last step) gets none of its own. A row
+    with no match gets one node where ``sizing(0, k)`` says so (a guess: the text's most frequent token,
+    ``AutoLookup``), else none; no node in any row: nothing is proposed and the step is a plain one. ``source``:
+    what the last proposal rested on ("match", "guess" or "plain", ``last_stats().sources``)."""
 
     name = "prompt_lookup"
     hidden_layers = ()
@@ -43,6 +45,7 @@ class PromptLookupProposer:
         self.sizing, self.survival = sizing, survival
         self.lengths = [-1] * batch_size  # each row's text length at the last proposal
         self.proposed = [(0, 0)] * batch_size  # each row's (match length, nodes of its own) at the last proposal
+        self.source = "plain"
 
     def _text(self, rows: list[torch.LongTensor], r: int) -> torch.LongTensor:
         return rows[r][0, self.pads[r]:]
@@ -66,9 +69,14 @@ class PromptLookupProposer:
         depth = min(self.num_tokens, max_depth)
         tries = []
         for r, (text, matches) in enumerate(self._matches(rows)):
-            matches = matches or []
-            tries.append(continuation_trie(text, matches, depth, self._budget(matches, k)))
+            if matches:
+                tries.append(continuation_trie(text, matches, depth, self._budget(matches, k)))
+            elif matches is not None and depth > 0 and self.sizing is not None and self.sizing(0, k) > 0:
+                tries.append(([(0,)], [most_frequent_token(text)]))  # no match: a guess, where "auto" says it pays
+            else:
+                tries.append(([], []))
             self.proposed[r] = (matches[0][0] if matches else 0, len(tries[-1][0]))
+        self.source = _source(self.proposed)
         return trie_proposal(tries, rows[0].device, do_sample)[0]
 
     def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[tuple[int, list[int]] | None]:
@@ -95,6 +103,19 @@ class PromptLookupProposer:
             if nodes and self.survival is not None:
                 self.survival[match_length].observe(nodes, row_accepted)
         self.proposed = [(0, 0)] * len(self.proposed)
+
+
+def most_frequent_token(text: torch.LongTensor) -> int:
+    """The token that occurs most often in ``text`` (the lowest id among equals)."""
+    return int(torch.bincount(text).argmax())
+
+
+def _source(proposed: list[tuple[int, int]]) -> str:
+    """What a step's proposal rests on: "match" where a row has a match, else "guess" where a row guesses, else
+    "plain"."""
+    if any(length and nodes for length, nodes in proposed):
+        return "match"
+    return "guess" if any(nodes for _, nodes in proposed) else "plain"
 
 
 def trie_proposal(tries: list[tuple[list[tuple[int, ...]], list[int]]], device, do_sample: bool
