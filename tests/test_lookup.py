@@ -515,7 +515,7 @@ def test_a_row_with_no_match_guesses_only_where_two_tokens_verify_faster_than_on
     assert schedule.nodes_for(0, 10) == guesses
     assert schedule.nodes_for(1, 10) == guesses  # a wrong match's first token is a guess as good
     schedule.probing = True  # a probe is for the matches' estimates: it never adds a guess
-    assert schedule.nodes_for(0, 10) == guesses
+    assert schedule.nodes_for(0, 10) == 0
     assert AutoLookup(Costs(), survival).nodes_for(0, 10) == 0  # nothing judged before V(1) is measured
 
 

@@ -42,26 +42,27 @@ class AutoLookup(AutoNodes):
     that is faster than a plain step: E(1) / (H + V(2)) > 1 / V(1). The guess is rarely right (4% of the no-match
     steps of the 21-question lookup bench's answers), so it pays only where the target verifies two tokens faster
     than one: in bfloat16 on a CPU with native bf16, a one-token forward of Qwen2.5-Coder-1.5B takes 185-250 ms
-    and a two-token one 170-190 ms (a one-row matmul and attention take slower kernels); never where two cost twice
-    one (float32 on a CPU), and at about break-even where they cost the same (a GPU). A probe never guesses: it is
-    for the matches' estimates."""
+    and a two-token one 170-200 ms (a one-row matmul and attention take slower kernels); not where two cost twice
+    one (float32 on a CPU: once V(2) is measured), and at about break-even where they cost the same (a GPU). A
+    probe never guesses: it is for the matches' estimates."""
 
     def __init__(self, costs: Costs, survival: MatchSurvival, max_nodes: int = 20,
                  cadence: ProbeCadence | None = None):
         super().__init__(costs, survival, max_nodes, cadence)
 
     def expected(self) -> list[float]:
-        """E(n) of the most promising class (the guess's: one node, whatever n), for each n."""
+        """E(n) of the most promising class of matches, for each n (a step where a guess pays is one where a match's
+        first token does too: it is a guess at least as good)."""
         curves = [survival.expected(self.max_nodes) for survival in self.estimate.classes()]
-        guess = self.estimate.guess().expected(1)
-        curves.append(guess + guess[-1:] * (self.max_nodes - 1))
         return [max(values) for values in zip(*curves)]
 
     def nodes_for(self, match_length: int, cap: int) -> int:
         """The nodes to verify for a row whose best match is ``match_length`` tokens long (0: no match, a guess), at
         most ``cap``."""
-        if match_length == 0:  # judged once V(1) is known: the lookup's own time is a fraction of a millisecond
-            return best_tree_size(self.estimate.guess().expected(min(cap, 1)), self.costs) if self.costs.verify else 0
+        if match_length == 0:  # judged once V(1) is known (the lookup's own time is a fraction of a millisecond)
+            if self.probing or not self.costs.verify:
+                return 0
+            return best_tree_size(self.estimate.guess().expected(min(cap, 1)), self.costs)
         if not self.measured():
             return cap
         return best_tree_size(self.estimate[match_length].expected(cap), self.costs, min(int(self.probing), cap))

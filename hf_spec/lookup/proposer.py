@@ -71,7 +71,7 @@ class PromptLookupProposer:
         for r, (text, matches) in enumerate(self._matches(rows)):
             if matches:
                 tries.append(continuation_trie(text, matches, depth, self._budget(matches, k)))
-            elif matches is not None and depth > 0 and self.sizing is not None and self.sizing(0, k) > 0:
+            elif matches is not None and len(text) and depth > 0 and self.sizing is not None and self.sizing(0, k):
                 tries.append(([(0,)], [most_frequent_token(text)]))  # no match: a guess, where "auto" says it pays
             else:
                 tries.append(([], []))
