@@ -256,6 +256,37 @@ def test_the_draft_pays_its_catch_up_spread_over_the_tokens_it_should_serve():
     assert proposer._choose([], 3, both=True) == "fallback"
 
 
+def test_a_catch_up_is_weighed_at_the_drafts_mean_acceptance_which_starts_from_the_pairs_record():
+    """A catch-up is paid in full before any of the draft's proposals is judged: it is weighed at the draft's mean
+    acceptance, not at the optimism that gets an untried source tried. A call's record starts from the pair's
+    across calls (two steps' weight), so a draft that has done well before catches up at once, and one that has
+    not, where the catch-up costs more than the call should gain, never does."""
+    lookup = PromptLookupProposer(None, survival=MatchSurvival())
+    draft = type("Draft", (), {"name": "draft", "advance": lambda self, accepted, hidden: None})()
+    pooled = PositionSurvival()
+
+    def new_call() -> LookupAndDraftProposer:
+        proposer = LookupAndDraftProposer(lookup, draft, 16, pooled_survival=pooled)
+        proposer.costs.verify = {1: 0.20, 4: 0.21}
+        proposer.costs.catch_up_token = 0.002
+        proposer.propose_seconds = {"draft": 0.06}
+        proposer.start(64)
+        proposer.lacking = 1000  # + 0.002 x 999 / (64 x 1/3) = 0.094 s a token
+        return proposer
+
+    proposer = new_call()  # nothing known: a half at each position, 1.875 tokens a step (3.2 optimistic)
+    assert proposer._choose([], 3, both=True) == "plain"  # 0.27 / 1.875 + 0.094 = 0.238 s a token against 0.2
+    proposer.lacking = 1
+    assert proposer._choose([], 3, both=True) == "fallback"  # caught up: optimistic, 0.27 / 3.2 s a token
+    for _ in range(100):
+        proposer.source, proposer.fallback_proposed = "fallback", 3
+        proposer.advance([3])  # every proposal accepted, heard by the call's record and the pair's
+    assert pooled.rates()[:3] == pytest.approx([1.0, 1.0, 1.0], abs=0.02)
+    proposer = new_call()
+    assert proposer.fallback_survival.expected(3)[-1] == pytest.approx(4.0, abs=0.1)
+    assert proposer._choose([], 3, both=True) == "fallback"  # 0.27 / 4 + 0.094 = 0.16 s a token
+
+
 def test_a_call_the_lookup_serves_well_spreads_the_drafts_catch_up_over_few_tokens():
     proposer = _good_draft_beside_lookup()
     proposer.costs.verify = {1: 0.20, 4: 0.21, 14: 0.23}

@@ -143,17 +143,25 @@ class PositionSurvival:
     a_i = P(proposal i is accepted | the i - 1 before it were, and it was proposed), pseudo-counts with a prior of
     ``prior`` over ``prior_weight`` steps, fading after ``memory`` observations; E(n) = 1 + s_1 + ... + s_n with
     s_i = a_1 ... a_i. For a tree whose first nodes are its best chain (prompt lookup's trie), position i is
-    accepted when the accepted path is at least i deep."""
+    accepted when the accepted path is at least i deep. ``after``: a record whose a_i (its means) are this one's
+    priors, position by position (e.g. a pair's record across calls, for one call's)."""
 
-    def __init__(self, prior: float = 0.5, prior_weight: float = 2.0, memory: float = 200.0):
+    def __init__(self, prior: float = 0.5, prior_weight: float = 2.0, memory: float = 200.0,
+                 after: "PositionSurvival | None" = None):
         self.prior, self.prior_weight, self.memory = prior, prior_weight, memory
+        self.priors = [] if after is None else after.rates()
         self.accepted: list[float] = []
         self.seen: list[float] = []
 
     def _grow(self, positions: int) -> None:
         while len(self.seen) < positions:
-            self.accepted.append(self.prior * self.prior_weight)
+            prior = self.priors[len(self.seen)] if len(self.seen) < len(self.priors) else self.prior
+            self.accepted.append(prior * self.prior_weight)
             self.seen.append(self.prior_weight)
+
+    def rates(self) -> list[float]:
+        """a_1, a_2, ...: the mean acceptance of each position observed so far."""
+        return [accepted / seen for accepted, seen in zip(self.accepted, self.seen)]
 
     def observe(self, proposed: int, accepted: int) -> None:
         """One row's step: ``proposed`` tokens (or nodes), ``accepted`` of them along the path it kept."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .auto import ProbeCadence
 from .costs import Costs
-from .estimates import AnswerLengths, ConfidenceCalibration
+from .estimates import AnswerLengths, ConfidenceCalibration, PositionSurvival
 
 
 @dataclass
@@ -22,6 +22,7 @@ class PairMemory:
     tree_confidence: object = None  # EAGLE: a hf_spec.eagle.auto.TreeConfidence
     probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # Medusa's and EAGLE's auto: plain steps
     lookup_survival: object = None  # prompt lookup's: a hf_spec.lookup.auto.MatchSurvival
+    fallback_survival: PositionSurvival = field(default_factory=PositionSurvival)  # a draft's beside the lookup
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:

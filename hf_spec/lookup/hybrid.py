@@ -43,7 +43,8 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     vocab_size = call.model.get_output_embeddings().weight.shape[0]
     recorded = getattr(fallback_schedule, "lengths", None)  # an "auto" schedule keeps the answers' lengths itself
     proposer = LookupAndDraftProposer(lookup, fallback, vocab_size, costs=shared or memory.costs,
-                                      lengths=recorded or memory.answer_lengths, records_lengths=recorded is None)
+                                      lengths=recorded or memory.answer_lengths, records_lengths=recorded is None,
+                                      pooled_survival=memory.fallback_survival)
     return proposer, LookupAndDraftSchedule(proposer, schedule, fallback_schedule)
 
 
@@ -55,8 +56,9 @@ class LookupAndDraftProposer:
     (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen brings
     tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has realised (the
     lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
-    ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a story; each one
-    standard error optimistic, so that a match class the draft outbids at its prior gets tried; the lookup's scaled
+    ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a story, after a
+    prior of two steps at the pair's record across calls, ``pooled_survival``; each one standard error optimistic,
+    so that a match class the draft outbids at its prior gets tried; the lookup's scaled
     by the share of its pooled promise that this call's lookup steps brought, ``lookup_yield``: in an answer that
     does not repeat its prompt, short matches fail step after step where the pooled record says they copy; for both,
     position i survives where either does, taken as independent), T = the proposer's measured time a step (the
@@ -64,7 +66,8 @@ class LookupAndDraftProposer:
     by width, interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on
     the tokens its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of
     a call, the prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once,
-    and the tokens the draft proposes after it gain from it; how many the call should still make is what earlier
+    and the tokens the draft proposes after it gain from it; as it is paid in full before any of them is judged, the
+    draft is weighed there at its mean acceptance, not the optimistic one (as ``AutoLength`` weighs a catch-up); how many the call should still make is what earlier
     calls made beyond this point (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer
     records each call's length: a RAG answer stops long before ``max_new_tokens``), or what it may still make where
     no earlier call went this far. Where that catch-up is what makes the draft lose, and the lookup has nothing
@@ -77,10 +80,12 @@ class LookupAndDraftProposer:
 
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
                  fallback_survival: PositionSurvival | None = None, costs: Costs | None = None,
-                 lengths: AnswerLengths | None = None, records_lengths: bool = False):
+                 lengths: AnswerLengths | None = None, records_lengths: bool = False,
+                 pooled_survival: PositionSurvival | None = None):
         self.lookup, self.fallback, self.vocab_size = lookup, fallback, vocab_size
         self.name = f"{fallback.name}+lookup"
-        self.fallback_survival = fallback_survival or PositionSurvival(memory=FALLBACK_MEMORY)
+        self.pooled_survival = pooled_survival  # the draft's acceptance by position across calls (the pair's)
+        self.fallback_survival = fallback_survival or PositionSurvival(memory=FALLBACK_MEMORY, after=pooled_survival)
         self.costs = costs or Costs()  # the target's verification time by width (the pair's, shared)
         self.lengths = lengths or AnswerLengths()  # what earlier calls made (the pair's, shared)
         self.records_lengths = records_lengths
@@ -131,35 +136,43 @@ class LookupAndDraftProposer:
         """"lookup", "both", "fallback" or "plain", the fastest in seconds a token: T / E, and for a proposer that
         runs the draft its catch-up spread over the tokens it should serve (``_draft_tokens_ahead``; ties: in that
         order; times not yet measured: as ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto"
-        sizing has already judged; plain steps are weighed only where the draft must catch up."""
-        matched = [(length, chain) for length, chain in live if chain]
-        lookup_possible = bool(live) and len(matched) == len(live)
+        sizing has already judged; plain steps are weighed only where the draft must catch up. The draft's
+        proposals are taken one standard error optimistic, but where it must catch up (a cost paid before any of
+        them is judged) and in counting the steps it should serve (the evidence the catch-up is paid on), at their
+        mean."""
         if fallback_k == 0:
-            return "lookup" if lookup_possible else "fallback"
-        draft = _position_rates(self.fallback_survival.expected(fallback_k, optimistic=True))
+            return "lookup" if bool(live) and all(chain for _, chain in live) else "fallback"
+        per_token = self._seconds_a_token(live, fallback_k, both, optimistic=True)
+        at_mean = self._seconds_a_token(live, fallback_k, both, optimistic=False)
+        self.steps_judged += 1
+        self.draft_wanted += _fastest(at_mean) in DRAFT_SOURCES
+        catch_up = self._catch_up_seconds()
+        if catch_up > 0:
+            spread = catch_up / self._draft_tokens_ahead()
+            per_token.update({source: at_mean[source] + spread for source in DRAFT_SOURCES if source in at_mean})
+            if self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
+                per_token["plain"] = self.costs.verify_cost(1)
+        return _fastest(per_token)
+
+    def _seconds_a_token(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool,
+                         optimistic: bool) -> dict[str, float]:
+        """Each source's seconds a token, T / E, catch-up aside; the draft's E ``optimistic`` or at its mean (the
+        lookup's is always optimistic: an unseen match class gets tried)."""
+        matched = [(length, chain) for length, chain in live if chain]
+        draft = _position_rates(self.fallback_survival.expected(fallback_k, optimistic=optimistic))
         per_token = {"fallback": self._seconds("draft", fallback_k + 1) / (1 + sum(draft))}
         if matched:
             lookup_nodes = max(len(chain) for _, chain in matched)
             survival, share = self.lookup.survival, self.lookup_yield.share()
             lookup = [[share * s for s in _position_rates(survival[length].expected(len(chain), optimistic=True))]
                       if chain else [] for length, chain in live]
-            if lookup_possible:
+            if len(matched) == len(live):
                 per_token["lookup"] = self._seconds("lookup", lookup_nodes + 1) * len(live) / sum(
                     1 + sum(rows) for rows in lookup)
             if both:
                 per_token["both"] = self._seconds("draft", fallback_k + lookup_nodes + 1) * len(live) / sum(
                     _either_expected(draft, rows) for rows in lookup)
-        self.steps_judged += 1
-        self.draft_wanted += _fastest(per_token) in DRAFT_SOURCES
-        catch_up = self._catch_up_seconds()
-        if catch_up > 0:
-            spread = catch_up / self._draft_tokens_ahead()
-            for source in DRAFT_SOURCES:
-                if source in per_token:
-                    per_token[source] += spread
-            if self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
-                per_token["plain"] = self.costs.verify_cost(1)
-        return _fastest(per_token)
+        return per_token
 
     def _lookup_promise(self, match_length: int, nodes: int) -> float:
         """The tokens of a chain of ``nodes`` the pooled record expects accepted (its mean, for ``lookup_yield``)."""
@@ -262,6 +275,8 @@ class LookupAndDraftProposer:
         if self.fallback_proposed:
             for row_accepted in accepted:
                 self.fallback_survival.observe(self.fallback_proposed, row_accepted)
+                if self.pooled_survival is not None:
+                    self.pooled_survival.observe(self.fallback_proposed, row_accepted)
         self.fallback_proposed = 0
         self.fallback.advance(accepted, target_hidden)
 
