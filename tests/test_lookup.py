@@ -287,6 +287,30 @@ def test_a_catch_up_is_weighed_at_the_drafts_mean_acceptance_which_starts_from_t
     assert proposer._choose([], 3, both=True) == "fallback"  # 0.27 / 4 + 0.094 = 0.16 s a token
 
 
+def test_beside_a_draft_a_row_without_a_match_offers_a_guess_weighed_against_a_plain_step():
+    """``chain`` gives a row with no match one guess, its text's most frequent token; the hybrid takes it, as the
+    lookup alone would, only where it is faster than a plain step: never where two tokens verify in twice one's
+    time, even when the guesses are always wrong where two verify faster than one."""
+    lookup = PromptLookupProposer(None, survival=MatchSurvival())
+    assert lookup.chain([torch.tensor([[5, 6, 5, 7]])], 3, max_depth=3) == [(0, [5])]  # no 2-gram or 1-gram match
+    assert lookup.chain([torch.tensor([[5, 6, 5, 7, 8]])], 0, max_depth=3) == [(0, [])]  # k = 0: no guess
+    proposer = _good_draft_beside_lookup()
+    proposer.costs.verify = {1: 0.20, 2: 0.17, 4: 0.21}
+    proposer.propose_seconds = {"draft": 0.06}
+    proposer.costs.catch_up_token, proposer.lacking, proposer.tokens_left = 0.002, 1000, 8  # a catch-up: not worth it
+    assert proposer._choose([], 3, both=True) == "plain"
+    assert proposer._choose([(0, [5])], 3, both=True) == "lookup"
+    for _ in range(100):
+        proposer.lookup.survival.guess().observe(1, 0)
+    assert proposer._choose([(0, [5])], 3, both=True) == "lookup"  # 0.17 s a token against 0.20
+    assert proposer._choose([(0, [5])], 0, both=True) == "lookup"  # the draft's schedule says plain: the same
+    proposer.costs.verify = {1: 0.20, 2: 0.40, 4: 0.80}  # float32 on a CPU
+    assert proposer._choose([(0, [5])], 3, both=True) == "plain"
+    assert proposer._choose([(0, [5])], 0, both=True) == "plain"
+    proposer.lacking = 1  # caught up: the draft
+    assert proposer._choose([(0, [5])], 3, both=False) == "fallback"
+
+
 def test_a_call_the_lookup_serves_well_spreads_the_drafts_catch_up_over_few_tokens():
     proposer = _good_draft_beside_lookup()
     proposer.costs.verify = {1: 0.20, 4: 0.21, 14: 0.23}
@@ -352,7 +376,7 @@ def test_a_call_whose_draft_would_not_repay_its_catch_up_never_runs_it(target, t
                           num_speculative_tokens=3, prompt_lookup=True, prompt_lookup_num_tokens=4)
     assert torch.equal(out, expected)
     assert sources[0] != "plain"  # the first step: no verification cost measured yet, the draft tried
-    assert "plain" in sources and "lookup" in sources
+    assert "lookup" in sources and set(sources[1:]) <= {"plain", "lookup"}  # a match's chain, a guess, or plain
     assert hf_spec.last_stats().sources == {source: sources.count(source) for source in set(sources)}
 
 

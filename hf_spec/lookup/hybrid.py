@@ -49,32 +49,33 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
 
 
 class LookupAndDraftProposer:
-    """Each step, one of three proposals: the lookup's chain alone, where every live row has one (at most
-    ``lookup_length`` tokens, shorter rows padded with their last token; the draft does not run); ``fallback``'s
-    proposal of ``fallback_k`` tokens alone; or, under greedy decoding, both as one tree per row (``_union``: the
-    draft's chain, and the lookup's continuation branching off where it differs), whose longest accepted path wins
-    (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The one chosen brings
-    tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has realised (the
-    lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent steps,
-    ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a story, after a
-    prior of two steps at the pair's record across calls, ``pooled_survival``; each one standard error optimistic,
-    so that a match class the draft outbids at its prior gets tried; the lookup's scaled
-    by the share of its pooled promise that this call's lookup steps brought, ``lookup_yield``: in an answer that
-    does not repeat its prompt, short matches fail step after step where the pooled record says they copy; for both,
-    position i survives where either does, taken as independent), T = the proposer's measured time a step (the
-    draft's exclude its catch-up) + the target's verification of the step's width (``costs``, the pair's: measured
-    by width, interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on
-    the tokens its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of
-    a call, the prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once,
-    and the tokens the draft proposes after it gain from it; as it is paid in full before any of them is judged, the
-    draft is weighed there at its mean acceptance, not the optimistic one (as ``AutoLength`` weighs a catch-up); how many the call should still make is what earlier
-    calls made beyond this point (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer
-    records each call's length: a RAG answer stops long before ``max_new_tokens``), or what it may still make where
-    no earlier call went this far. Where that catch-up is what makes the draft lose, and the lookup has nothing
-    better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain is deterministic:
-    under sampling its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of
-    both is proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed
-    last ("lookup", "fallback", "both" or "plain")."""
+    """Each step, one of three proposals: the lookup's chain alone, where every live row has one (its match's
+    continuation, at most ``lookup_length`` tokens, or where it has no match a guess,
+    ``PromptLookupProposer.chain``; shorter rows padded with their last token; the draft does not run);
+    ``fallback``'s proposal of ``fallback_k`` tokens alone; or, under greedy decoding, both as one tree per row
+    (``_union``: the draft's chain, and the lookup's continuation branching off where it differs), whose longest
+    accepted path wins (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The
+    one chosen brings tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has
+    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's
+    recent steps, ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a
+    story, after a prior of two steps at the pair's record across calls, ``pooled_survival``; each one standard
+    error optimistic, so that a match class the draft outbids at its prior gets tried; the lookup's scaled by the
+    share of its pooled promise that this call's lookup steps brought, ``lookup_yield``: in an answer that does not
+    repeat its prompt, short matches fail step after step where the pooled record says they copy; for both, position
+    i survives where either does, taken as independent), T = the proposer's measured time a step (the draft's
+    exclude its catch-up) + the target's verification of the step's width (``costs``, the pair's: measured by width,
+    interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
+    its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call, the
+    prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the
+    tokens the draft proposes after it gain from it; as it is paid in full before any of them is judged, the draft
+    is weighed there at its mean acceptance, not the optimistic one (as ``AutoLength`` weighs a catch-up); how many
+    the call should still make is what earlier calls made beyond this point (``lengths``, the pair's
+    ``AnswerLengths``, where ``records_lengths`` this proposer records each call's length: a RAG answer stops long
+    before ``max_new_tokens``), or what it may still make where no earlier call went this far. Where that catch-up
+    is what makes the draft lose, and the lookup has nothing better, the step is plain ("plain": the draft keeps its
+    k for the steps it runs). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling
+    rule keeps the target's distribution; the tree of both is proposed under greedy decoding only, as the draft's
+    sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback", "both" or "plain")."""
 
     hidden_layers = ()
 
@@ -136,12 +137,20 @@ class LookupAndDraftProposer:
         """"lookup", "both", "fallback" or "plain", the fastest in seconds a token: T / E, and for a proposer that
         runs the draft its catch-up spread over the tokens it should serve (``_draft_tokens_ahead``; ties: in that
         order; times not yet measured: as ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto"
-        sizing has already judged; plain steps are weighed only where the draft must catch up. The draft's
+        sizing has already judged its matches; plain steps are weighed only where the draft must catch up. A row with
+        no match has a guess (``PromptLookupProposer.chain``): the lookup alone is a choice there only where it is
+        faster than a plain step (rarely right, a guess pays only where verifying two tokens is faster than one, as in
+        bf16 on a CPU with native bf16). The draft's
         proposals are taken one standard error optimistic, but where it must catch up (a cost paid before any of
         them is judged) and in counting the steps it should serve (the evidence the catch-up is paid on), at their
         mean."""
-        if fallback_k == 0:
-            return "lookup" if bool(live) and all(chain for _, chain in live) else "fallback"
+        if fallback_k == 0:  # the draft's schedule says plain: the lookup's chains where every row has one that pays
+            if not (live and all(chain for _, chain in live)):
+                return "plain"
+            if any(length == 0 for length, _ in live) and self.costs.verify:
+                lookup = self._seconds_a_token(live, 0, both=False, optimistic=True)["lookup"]
+                return "lookup" if lookup < self.costs.verify_cost(1) else "plain"
+            return "lookup"
         per_token = self._seconds_a_token(live, fallback_k, both, optimistic=True)
         at_mean = self._seconds_a_token(live, fallback_k, both, optimistic=False)
         self.steps_judged += 1
@@ -150,21 +159,27 @@ class LookupAndDraftProposer:
         if catch_up > 0:
             spread = catch_up / self._draft_tokens_ahead()
             per_token.update({source: at_mean[source] + spread for source in DRAFT_SOURCES if source in at_mean})
-            if self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
-                per_token["plain"] = self.costs.verify_cost(1)
+        if self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
+            plain = self.costs.verify_cost(1)
+            if any(length == 0 and chain for length, chain in live) and per_token.get("lookup", plain) >= plain:
+                per_token.pop("lookup", None)  # a guess is worth its step only where it is faster than a plain one
+            if catch_up > 0:
+                per_token["plain"] = plain
         return _fastest(per_token)
 
     def _seconds_a_token(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool,
                          optimistic: bool) -> dict[str, float]:
         """Each source's seconds a token, T / E, catch-up aside; the draft's E ``optimistic`` or at its mean (the
-        lookup's is always optimistic: an unseen match class gets tried)."""
+        lookup's is always optimistic: an unseen match class gets tried; a match's scaled by ``lookup_yield``, a
+        guess's not: it promises little, and ``lookup_yield`` is the matches' record)."""
         matched = [(length, chain) for length, chain in live if chain]
         draft = _position_rates(self.fallback_survival.expected(fallback_k, optimistic=optimistic))
         per_token = {"fallback": self._seconds("draft", fallback_k + 1) / (1 + sum(draft))}
         if matched:
             lookup_nodes = max(len(chain) for _, chain in matched)
             survival, share = self.lookup.survival, self.lookup_yield.share()
-            lookup = [[share * s for s in _position_rates(survival[length].expected(len(chain), optimistic=True))]
+            lookup = [[(share if length else 1.0) * s
+                       for s in _position_rates(survival[length].expected(len(chain), optimistic=True))]
                       if chain else [] for length, chain in live]
             if len(matched) == len(live):
                 per_token["lookup"] = self._seconds("lookup", lookup_nodes + 1) * len(live) / sum(
@@ -182,7 +197,8 @@ class LookupAndDraftProposer:
         """What the lookup's chains brought, by row, against what they promised: the rows the lookup proposed to
         (``PromptLookupProposer.proposed``, read before its ``advance`` clears it, so a later plain step's or
         prefill's ``advance`` hears nothing)."""
-        rows = [(length, nodes, brought) for (length, nodes), brought in zip(self.lookup.proposed, accepted) if nodes]
+        rows = [(length, nodes, brought) for (length, nodes), brought in zip(self.lookup.proposed, accepted)
+                if length and nodes]  # matches only: a guess's record is its own
         self.lookup_yield.observe(sum(self._lookup_promise(length, nodes) for length, nodes, _ in rows),
                                   sum(brought for _, _, brought in rows))
 

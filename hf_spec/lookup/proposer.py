@@ -81,19 +81,22 @@ class PromptLookupProposer:
 
     def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[tuple[int, list[int]] | None]:
         """Each row's best match's length and continuation, at most k tokens (or what ``sizing`` gives) and
-        ``max_depth`` deep (a chain, for a draft to fall back on where it is empty; ``advance`` learns from it as
-        from a proposal); None for a row that has finished."""
+        ``max_depth`` deep, or, for a row with no match, length 0 and one guess (the text's most frequent token)
+        where k and ``max_depth`` allow one: a chain, for a proposer beside the lookup to weigh against its own (a
+        guess against a plain step too; ``advance`` learns from it as from a proposal); None for a row that has
+        finished."""
         depth = min(self.num_tokens, max_depth)
         chains = []
         for r, (text, matches) in enumerate(self._matches(rows)):
             if matches is None:
                 chains.append(None)
-                self.proposed[r] = (0, 0)
-                continue
-            budget = min(self._budget(matches, k), depth)
-            position = matches[0][1] if matches else 0
-            chains.append((matches[0][0] if matches else 0, text[position + 1 : position + 1 + budget].tolist()))
-            self.proposed[r] = (chains[-1][0], len(chains[-1][1]))
+            elif matches:
+                position = matches[0][1]
+                budget = min(self._budget(matches, k), depth)
+                chains.append((matches[0][0], text[position + 1 : position + 1 + budget].tolist()))
+            else:
+                chains.append((0, [most_frequent_token(text)] if min(k, depth) > 0 and len(text) else []))
+            self.proposed[r] = (0, 0) if chains[-1] is None else (chains[-1][0], len(chains[-1][1]))
         return chains
 
     def advance(self, accepted: list[int], target_hidden=None) -> None:
