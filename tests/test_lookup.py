@@ -3,6 +3,7 @@ sequences, greedy output equal to plain generate() for chains, trees and left-pa
 sampling distribution (chi-square, as tests/test_sampling_distribution.py), the options, "auto"'s choice."""
 import dataclasses
 import importlib
+import time
 
 import pytest
 import torch
@@ -151,6 +152,34 @@ def test_draft_beside_prompt_lookup_equals_plain_generate(target, drafts, tokeni
     out = target.generate(**inputs, max_new_tokens=30, do_sample=False, strategy="draft", draft_model=drafts["partly"],
                           num_speculative_tokens=k, prompt_lookup=True, prompt_lookup_num_tokens=4)
     assert torch.equal(out, expected)
+
+
+def test_a_first_step_verifying_a_tree_never_reads_the_prompt_as_its_cost(target, drafts, tokenizer, monkeypatch):
+    """Under greedy decoding the hybrid's first step may verify the tree of both proposals: a tree's block holds no
+    prompt, so the prompt goes through a forward of its own just before, inside the step's timing. That time is the
+    prefill's, never a verification's (read as one, a 14-token tree cost 5.4 s in bf16 against 0.2 s, and wide
+    steps were ruled out for the rest of the process). On a clock that only target forwards move (1 s the first,
+    the prompt; 0.01 s a step), nothing the costs hear reaches the prompt's second."""
+    from hf_spec.engine.runner import CachedModel
+
+    forward, clock, heard, chosen = CachedModel.forward, [0.0], [], []
+    choose, observe = LookupAndDraftProposer._choose, Costs.observe_verify
+
+    def timed(self, tokens, *args, **kwargs):
+        if self.model is target:
+            clock[0] += 0.01 if clock[0] else 1.0
+        return forward(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(CachedModel, "forward", timed)
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(Costs, "observe_verify", lambda self, width, s: (heard.append(s), observe(self, width, s)))
+    monkeypatch.setattr(LookupAndDraftProposer, "_choose",
+                        lambda self, *args, **kwargs: chosen.append(choose(self, *args, **kwargs)) or chosen[-1])
+    target.generate(**tokenizer("abcabcabc", return_tensors="pt"), max_new_tokens=20, do_sample=False,
+                    strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=3, prompt_lookup=True,
+                    cache_costs=False)
+    assert chosen[0] == "both" and hf_spec.last_stats().prefill_s == pytest.approx(1.01)  # the step is prefill
+    assert heard and max(s for s in heard if s is not None) < 0.5
 
 
 def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, drafts, tokenizer):

@@ -141,7 +141,7 @@ class _Decoding:
         valid = None if live is None else live.expand_as(block)
         layout = proposal.tree_layout()
         if self.prompt_left:  # the first step: the prompt's tokens the cache lacks go in front of the root
-            self.prompt_left, self.carried_prompt = False, layout is None
+            self.prompt_left, self.carried_prompt = False, True  # a chain's block holds it, a tree's forward before
             block, valid = self._with_prompt(block, valid, feed=layout is None)
         block_start = self.target.length + block.shape[1] - (proposal.k + 1)
         output = self.target.forward(block, proposal.k + 1, valid=valid, hidden_layers=self.proposer.hidden_layers,
