@@ -148,10 +148,8 @@ class LookupAndDraftProposer:
         if fallback_k == 0:  # the draft's schedule says plain: the lookup's chains where every row has one that pays
             if not (live and all(chain for _, chain in live)):
                 return "plain"
-            if any(length == 0 for length, _ in live) and self.costs.verify:
-                lookup = self._seconds_a_token(live, 0, both=False, optimistic=True)["lookup"]
-                return "lookup" if lookup < self.costs.verify_cost(1) else "plain"
-            return "lookup"
+            lookup = self._seconds_a_token(live, 0, both=False, optimistic=True)["lookup"]
+            return "lookup" if self._guess_pays(live, lookup) else "plain"
         per_token = self._seconds_a_token(live, fallback_k, both, optimistic=True)
         at_mean = self._seconds_a_token(live, fallback_k, both, optimistic=False)
         self.steps_judged += 1
@@ -160,13 +158,18 @@ class LookupAndDraftProposer:
         if catch_up > 0:
             spread = catch_up / self._draft_tokens_ahead()
             per_token.update({source: at_mean[source] + spread for source in DRAFT_SOURCES if source in at_mean})
-        if self.costs.verify:  # V(1), or the narrowest width measured (not below its cost)
-            plain = self.costs.verify_cost(1)
-            if any(length == 0 and chain for length, chain in live) and per_token.get("lookup", plain) >= plain:
-                per_token.pop("lookup", None)  # a guess is worth its step only where it is faster than a plain one
-            if catch_up > 0:
-                per_token["plain"] = plain
+        if "lookup" in per_token and not self._guess_pays(live, per_token["lookup"]):
+            del per_token["lookup"]
+        if catch_up > 0 and self.costs.verify:
+            per_token["plain"] = self.costs.verify_cost(1)
         return _fastest(per_token)
+
+    def _guess_pays(self, live: list[tuple[int, list[int]]], lookup_seconds: float) -> bool:
+        """Whether the lookup's step at ``lookup_seconds`` a token may be taken: a step where some row guesses (no
+        match) only where it is faster than a plain one, V(1) (or the narrowest width measured, not below its
+        cost); with no verification measured yet, any step may."""
+        guessing = any(length == 0 and chain for length, chain in live)
+        return not (guessing and self.costs.verify) or lookup_seconds < self.costs.verify_cost(1)
 
     def _seconds_a_token(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool,
                          optimistic: bool) -> dict[str, float]:
