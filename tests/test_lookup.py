@@ -409,6 +409,31 @@ def test_a_call_whose_draft_would_not_repay_its_catch_up_never_runs_it(target, t
     assert hf_spec.last_stats().sources == {source: sources.count(source) for source in set(sources)}
 
 
+def test_a_call_starts_from_the_step_times_earlier_calls_measured(target, tokenizer, monkeypatch):
+    """The draft's time a step is the pair's, as the target's costs are: a call that started from none took the draft
+    at no cost until it ran, and paid a RAG prompt's catch-up for a step the lookup's guess would have served."""
+    from hf_spec.engine.memory import pair_memory
+    from hf_spec.testing import contrary_draft
+
+    draft = contrary_draft(target)  # a pair of its own: its memory is this test's
+    seen, choose = [], LookupAndDraftProposer._choose
+
+    def recording(self, *args, **kwargs):
+        seen.append(dict(self.propose_seconds))
+        return choose(self, *args, **kwargs)
+
+    monkeypatch.setattr(LookupAndDraftProposer, "_choose", recording)
+    inputs = tokenizer("abcabcabc xyz", return_tensors="pt")
+    first_seen = []
+    for _ in range(2):
+        seen.clear()
+        target.generate(**inputs, max_new_tokens=12, do_sample=False, strategy="draft", draft_model=draft,
+                        num_speculative_tokens=3, prompt_lookup=True)
+        first_seen.append(seen[0])
+    assert "draft" not in first_seen[0] and first_seen[1]["draft"] > 0
+    assert pair_memory(target, draft).propose_seconds["draft"] > 0
+
+
 def test_the_tree_of_both_branches_where_they_differ_and_tells_whose_tokens_were_kept():
     proposer = _good_draft_beside_lookup()
     drafted = Proposal(tokens=torch.tensor([[1, 2, 3], [1, 2, 3], [4, 5, 6]]))
@@ -506,7 +531,8 @@ def test_draft_beside_lookup_samples_the_target_distribution(small_target, monke
     samples = []
     for _ in range(DRAWS):
         out = small_target.generate(LOOKUP_PROMPT, attention_mask=torch.ones_like(LOOKUP_PROMPT), strategy="draft",
-                                    draft_model=draft, num_speculative_tokens=2, prompt_lookup=True, **SAMPLING)
+                                    draft_model=draft, num_speculative_tokens=2, prompt_lookup=True,
+                                    cache_costs=False, **SAMPLING)  # each call from no costs: both get steps
         samples.append(tuple(out[0, LOOKUP_PROMPT.shape[1]:].tolist()))
     assert sources["lookup"] > DRAWS // 4 and sources["fallback"] > DRAWS // 4  # both proposers took steps
     assert chi_square_p_value(samples, exact_joint(small_target, LOOKUP_PROMPT)) > ALPHA

@@ -24,6 +24,7 @@ class PairMemory:
     lookup_survival: object = None  # prompt lookup's: a hf_spec.lookup.auto.MatchSurvival
     fallback_survival: PositionSurvival = field(default_factory=PositionSurvival)  # a draft's beside the lookup
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
+    propose_seconds: dict[str, float] = field(default_factory=dict)  # beside the lookup: a step's, by proposer
 
     def calibration_for(self, do_sample: bool) -> ConfidenceCalibration:
         return self.calibration.setdefault(do_sample, ConfidenceCalibration())

@@ -45,7 +45,8 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     recorded = getattr(fallback_schedule, "lengths", None)  # an "auto" schedule keeps the answers' lengths itself
     proposer = LookupAndDraftProposer(lookup, fallback, vocab_size, costs=shared or memory.costs,
                                       lengths=recorded or memory.answer_lengths, records_lengths=recorded is None,
-                                      pooled_survival=memory.fallback_survival)
+                                      pooled_survival=memory.fallback_survival,
+                                      propose_seconds=memory.propose_seconds)
     return proposer, LookupAndDraftSchedule(proposer, schedule, fallback_schedule)
 
 
@@ -64,7 +65,8 @@ class LookupAndDraftProposer:
     share of its pooled promise that this call's lookup steps brought, ``lookup_yield``: in an answer that does not
     repeat its prompt, short matches fail step after step where the pooled record says they copy; for both, position
     i survives where either does, taken as independent), T = the proposer's measured time a step (the draft's
-    exclude its catch-up) + the target's verification of the step's width (``costs``, the pair's: measured by width,
+    exclude its catch-up; the pair's, kept across calls: a call that started from none took the draft at no cost
+    until it ran) + the target's verification of the step's width (``costs``, the pair's: measured by width,
     interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
     its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call, the
     prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the
@@ -83,7 +85,7 @@ class LookupAndDraftProposer:
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
                  fallback_survival: PositionSurvival | None = None, costs: Costs | None = None,
                  lengths: AnswerLengths | None = None, records_lengths: bool = False,
-                 pooled_survival: PositionSurvival | None = None):
+                 pooled_survival: PositionSurvival | None = None, propose_seconds: dict[str, float] | None = None):
         self.lookup, self.fallback, self.vocab_size = lookup, fallback, vocab_size
         self.name = f"{fallback.name}+lookup"
         self.pooled_survival = pooled_survival  # the draft's acceptance by position across calls (the pair's)
@@ -91,7 +93,8 @@ class LookupAndDraftProposer:
         self.costs = costs or Costs()  # the target's verification time by width (the pair's, shared)
         self.lengths = lengths or AnswerLengths()  # what earlier calls made (the pair's, shared)
         self.records_lengths = records_lengths
-        self.propose_seconds: dict[str, float] = {}  # "draft" (a step it ran in) and "lookup" (alone), smoothed
+        # "draft" (a step it ran in) and "lookup" (alone), smoothed: the pair's, kept across calls as ``costs`` are
+        self.propose_seconds = {} if propose_seconds is None else propose_seconds
         self.lookup_length, self.fallback_k = 0, 0
         self.source = "fallback"
         self.fallback_proposed = 0
