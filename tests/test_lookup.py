@@ -236,6 +236,37 @@ def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
     assert proposer._choose([(2, chain)], 3, both=True) == "fallback"
 
 
+def test_steps_of_both_whose_lookup_branch_adds_nothing_beyond_the_draft_hand_the_call_to_the_draft():
+    """A tree of both is priced at the draft's E and what the lookup's branch should add beyond the draft's chain,
+    scaled by the share of it this call's steps of both realised (``both_yield``): where the lookup's chain only
+    repeats what the draft foresees, as in an answer the draft predicts token by token, each step of both verifies
+    a wider tree for nothing, and after three such steps the draft goes alone."""
+    proposer = _good_draft_beside_lookup()  # the draft: positions 1 and 2 accepted, 3 not
+    proposer.fallback.advance = lambda *args: None
+    proposer.costs.verify = {4: 0.20, 14: 0.22}
+    proposer.propose_seconds = {"draft": 0.02}
+    for accepted in (6, 0) * 50:
+        proposer.lookup.survival[1].observe(10, accepted)  # half the time right up to position 6
+    chain = [1, 2] + list(range(9, 17))  # shares the draft's first two tokens, then its own
+    live = [(1, chain), (1, [])]  # a row without a match: the lookup alone is no choice
+    sources = []
+    for _ in range(4):
+        sources.append(proposer._choose(live, 3, both=True))
+        if sources[-1] != "both":
+            break
+        assert proposer.both_promise > 1.0  # positions 3-6 at about a half each, where the draft's 3 fails
+        tree = proposer._union(Proposal(tokens=torch.tensor([[1, 2, 3], [1, 2, 3]])), [chain, []], do_sample=False)
+        blocks = [{path: i + 1 for i, path in enumerate(t.paths)} for t in tree.row_trees]
+        tree.kept = [[0] + [block[(0,) * depth] for depth in (1, 2, 3)] for block in blocks]  # the draft's chain
+        proposer.source, proposer.fallback_proposed = "both", 3
+        proposer.lookup.proposed = [(1, len(chain)), (0, 0)]
+        proposer.advance([3, 3])
+    assert sources == ["both", "both", "both", "fallback"]
+    assert proposer.both_yield.accepted == 0 and proposer.both_yield.share() < 0.4
+    proposer.start(64)  # a new call: the record's word again
+    assert proposer._choose(live, 3, both=True) == "both"
+
+
 def test_lookup_steps_that_bring_less_than_the_pooled_record_promised_hand_the_call_to_the_draft():
     """The lookup's record is pooled over earlier text: where this call's answer does not repeat its prompt, its
     short matches fail step after step. Each lookup step's tokens brought, against what the record promised for

@@ -63,8 +63,10 @@ class LookupAndDraftProposer:
     story, after a prior of two steps at the pair's record across calls, ``pooled_survival``; each one standard
     error optimistic, so that a match class the draft outbids at its prior gets tried; the lookup's scaled by the
     share of its pooled promise that this call's lookup steps brought, ``lookup_yield``: in an answer that does not
-    repeat its prompt, short matches fail step after step where the pooled record says they copy; for both, position
-    i survives where either does, taken as independent), T = the proposer's measured time a step (the draft's
+    repeat its prompt, short matches fail step after step where the pooled record says they copy; for both, the
+    draft's E and what the lookup's branch adds beyond it, position i surviving where either does as if independent,
+    that addition scaled by the share of it this call's steps of both realised, ``both_yield``: where the two agree,
+    as in an answer whose every token the draft foresees, the branch adds nothing and the tree is only wider), T = the proposer's measured time a step (the draft's
     exclude its catch-up; the pair's, kept across calls: a call that started from none took the draft at no cost
     until it ran) + the target's verification of the step's width (``costs``, the pair's: measured by width,
     interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
@@ -102,12 +104,14 @@ class LookupAndDraftProposer:
         self.steps_judged, self.draft_wanted = 0, 0  # this call's steps, and those the draft was the fastest for
         self.lacking = 0  # the tokens the draft's cache lacked at the last step (its catch-up when it ran)
         self.lookup_yield = CallYield()  # this call's lookup steps: tokens brought against the pooled promise
+        self.both_yield = CallYield()  # this call's steps of both: tokens beyond the draft's chain against the promise
+        self.both_promise = 0.0  # what the last step of both promised beyond the draft's chain
         self._both: tuple[Proposal, list[set[int]], list[set[int]]] | None = None  # the tree; rows' nodes by source
 
     def start(self, max_new_tokens: int) -> None:
         self.max_new_tokens = self.tokens_left = max_new_tokens
         self.steps_judged, self.draft_wanted = 0, 0
-        self.lookup_yield = CallYield()
+        self.lookup_yield, self.both_yield = CallYield(), CallYield()
         if self.records_lengths:
             self.lengths.begin()
 
@@ -165,7 +169,11 @@ class LookupAndDraftProposer:
             del per_token["lookup"]
         if catch_up > 0 and self.costs.verify:
             per_token["plain"] = self.costs.verify_cost(1)
-        return _fastest(per_token)
+        choice = _fastest(per_token)
+        if choice == "both":
+            draft = _position_rates(self.fallback_survival.expected(fallback_k))
+            self.both_promise = sum(_beyond_draft(draft, rows) for rows in self._lookup_rates(live))
+        return choice
 
     def _guess_pays(self, live: list[tuple[int, list[int]]], lookup_seconds: float) -> bool:
         """Whether the lookup's step at ``lookup_seconds`` a token may be taken: a step where some row guesses (no
@@ -184,17 +192,23 @@ class LookupAndDraftProposer:
         per_token = {"fallback": self._seconds("draft", fallback_k + 1) / (1 + sum(draft))}
         if matched:
             lookup_nodes = max(len(chain) for _, chain in matched)
-            survival, share = self.lookup.survival, self.lookup_yield.share()
-            lookup = [[(share if length else 1.0) * s
-                       for s in _position_rates(survival[length].expected(len(chain), optimistic=True))]
-                      if chain else [] for length, chain in live]
+            lookup = self._lookup_rates(live)
             if len(matched) == len(live):
                 per_token["lookup"] = self._seconds("lookup", lookup_nodes + 1) * len(live) / sum(
                     1 + sum(rows) for rows in lookup)
             if both:
+                share = self.both_yield.share()
                 per_token["both"] = self._seconds("draft", fallback_k + lookup_nodes + 1) * len(live) / sum(
-                    _either_expected(draft, rows) for rows in lookup)
+                    1 + sum(draft) + share * _beyond_draft(draft, rows) for rows in lookup)
         return per_token
+
+    def _lookup_rates(self, live: list[tuple[int, list[int]]]) -> list[list[float]]:
+        """Each row's s_1, s_2, ... for its chain (none without one): its match class's, optimistic, scaled by
+        ``lookup_yield``; a guess's unscaled."""
+        survival, share = self.lookup.survival, self.lookup_yield.share()
+        return [[(share if length else 1.0) * s
+                 for s in _position_rates(survival[length].expected(len(chain), optimistic=True))]
+                if chain else [] for length, chain in live]
 
     def _lookup_promise(self, match_length: int, nodes: int) -> float:
         """The tokens of a chain of ``nodes`` the pooled record expects accepted (its mean, for ``lookup_yield``)."""
@@ -291,7 +305,9 @@ class LookupAndDraftProposer:
             self.lookup.advance(accepted)
             return
         if self.source == "both":
+            kept = accepted
             accepted, by_lookup = self.accepted_by_source(live_only=False)
+            self.both_yield.observe(self.both_promise, sum(max(k - d, 0) for k, d in zip(kept, accepted)))
             self._observe_lookup_yield(by_lookup)
             self.lookup.advance(by_lookup)
             self._both = None
@@ -314,11 +330,12 @@ def _position_rates(expected: list[float]) -> list[float]:
     return [after - before for before, after in zip(expected, expected[1:])]
 
 
-def _either_expected(draft: list[float], lookup: list[float]) -> float:
-    """E of a tree of two chains, position i accepted where either is (taken as independent)."""
+def _beyond_draft(draft: list[float], lookup: list[float]) -> float:
+    """What a tree of two chains is expected to accept beyond the draft's chain alone: position i accepted where
+    either is (taken as independent), less where the draft's is."""
     width = max(len(draft), len(lookup))
     draft, lookup = draft + [0.0] * (width - len(draft)), lookup + [0.0] * (width - len(lookup))
-    return 1 + sum(1 - (1 - a) * (1 - b) for a, b in zip(draft, lookup))
+    return sum(b * (1 - a) for a, b in zip(draft, lookup))
 
 
 class LookupAndDraftSchedule(Schedule):
