@@ -52,35 +52,35 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
 
 class LookupAndDraftProposer:
     """Each step, one of three proposals: the lookup's chain alone, where every live row has one (its match's
-    continuation, at most ``lookup_length`` tokens, or where it has no match a guess,
-    ``PromptLookupProposer.chain``; shorter rows padded with their last token; the draft does not run);
-    ``fallback``'s proposal of ``fallback_k`` tokens alone; or, under greedy decoding, both as one tree per row
-    (``_union``: the draft's chain, and the lookup's continuation branching off where it differs), whose longest
-    accepted path wins (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum). The
-    one chosen brings tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has
-    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's
-    recent steps, ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a
-    story, after a prior of two steps at the pair's record across calls, ``pooled_survival``; each one standard
-    error optimistic, so that a match class the draft outbids at its prior gets tried; the lookup's scaled by the
-    share of its pooled promise that this call's lookup steps brought, ``lookup_yield``: in an answer that does not
-    repeat its prompt, short matches fail step after step where the pooled record says they copy; for both, the
-    draft's E and what the lookup's branch adds beyond it, position i surviving where either does as if independent,
-    that addition scaled by the share of it this call's steps of both realised, ``both_yield``: where the two agree,
-    as in an answer whose every token the draft foresees, the branch adds nothing and the tree is only wider), T = the proposer's measured time a step (the draft's
-    exclude its catch-up; the pair's, kept across calls: a call that started from none took the draft at no cost
-    until it ran) + the target's verification of the step's width (``costs``, the pair's: measured by width,
-    interpolated between, flat beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens
-    its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call, the
-    prompt), spread over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the
-    tokens the draft proposes after it gain from it; as it is paid in full before any of them is judged, the draft
-    is weighed there at its mean acceptance, not the optimistic one (as ``AutoLength`` weighs a catch-up); how many
-    the call should still make is what earlier calls made beyond this point (``lengths``, the pair's
-    ``AnswerLengths``, where ``records_lengths`` this proposer records each call's length: a RAG answer stops long
-    before ``max_new_tokens``), or what it may still make where no earlier call went this far. Where that catch-up
-    is what makes the draft lose, and the lookup has nothing better, the step is plain ("plain": the draft keeps its
-    k for the steps it runs). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling
-    rule keeps the target's distribution; the tree of both is proposed under greedy decoding only, as the draft's
-    sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback", "both" or "plain")."""
+    continuation, at most ``lookup_length`` tokens, or where it has no match a guess, ``PromptLookupProposer.chain``;
+    shorter rows padded with their last token; the draft does not run); ``fallback``'s proposal of ``fallback_k`` tokens
+    alone; or, under greedy decoding, both as one tree per row (``_union``: the draft's chain, and the lookup's
+    continuation branching off where it differs), whose longest accepted path wins (``LookupAndDraftSchedule`` sets both
+    lengths each step; the loop's k is their maximum). The one chosen brings tokens fastest: E / T, E = 1 + s_1 + s_2 +
+    ... from the acceptance by position each source has realised (the lookup's by its match's length, ``MatchSurvival``,
+    kept across calls; the draft's this call's recent steps, ``fallback_survival``, as a draft's acceptance follows the
+    text: high in a math answer, low in a story, after a prior of two steps at the pair's record across calls,
+    ``pooled_survival``; each one standard error optimistic, so that a match class the draft outbids at its prior gets
+    tried; the lookup's scaled by the share of its pooled promise that this call's lookup steps brought,
+    ``lookup_yield``: in an answer that does not repeat its prompt, short matches fail step after step where the pooled
+    record says they copy; for both, the draft's E and what the lookup's branch adds beyond it, position i surviving
+    where either does as if independent, that addition scaled by the share of it this call's steps of both realised,
+    ``both_yield``: where the two agree, as in an answer whose every token the draft foresees, the branch adds nothing
+    and the tree is only wider), T = the proposer's measured time a step (the draft's exclude its catch-up; the pair's,
+    kept across calls: a call that started from none took the draft at no cost until it ran) + the target's verification
+    of the step's width (``costs``, the pair's: measured by width, interpolated between, flat beyond). A proposer that
+    runs the draft also pays the draft's catch-up on the tokens its cache lacks (``costs.catch_up_token`` a token, the
+    pair's: measured on the draft's first step of a call, the prompt), spread over the tokens the draft should serve
+    (``_draft_tokens_ahead``): it is paid once, and the tokens the draft proposes after it gain from it; as it is paid
+    in full before any of them is judged, the draft is weighed there at its mean acceptance, not the optimistic one (as
+    ``AutoLength`` weighs a catch-up); how many the call should still make is what earlier calls made beyond this point
+    (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer records each call's length: a
+    RAG answer stops long before ``max_new_tokens``), or what it may still make where no earlier call went this far.
+    Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is plain ("plain": the
+    draft keeps its k for the steps it runs). A chain is deterministic: under sampling its q is one-hot, so the
+    speculative sampling rule keeps the target's distribution; the tree of both is proposed under greedy decoding only,
+    as the draft's sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback", "both" or
+    "plain")."""
 
     hidden_layers = ()
 
@@ -305,12 +305,13 @@ class LookupAndDraftProposer:
             self.lookup.advance(accepted)
             return
         if self.source == "both":
-            kept = accepted
-            accepted, by_lookup = self.accepted_by_source(live_only=False)
-            self.both_yield.observe(self.both_promise, sum(max(k - d, 0) for k, d in zip(kept, accepted)))
+            by_draft, by_lookup = self.accepted_by_source(live_only=False)
+            beyond = sum(max(path - own, 0) for path, own in zip(accepted, by_draft))  # tokens past the draft's
+            self.both_yield.observe(self.both_promise, beyond)
             self._observe_lookup_yield(by_lookup)
             self.lookup.advance(by_lookup)
             self._both = None
+            accepted = by_draft  # the draft hears its own tokens
         if self.fallback_proposed:
             for row_accepted in accepted:
                 self.fallback_survival.observe(self.fallback_proposed, row_accepted)
