@@ -465,6 +465,22 @@ def test_a_call_starts_from_the_step_times_earlier_calls_measured(target, tokeni
     assert pair_memory(target, draft).propose_seconds["draft"] > 0
 
 
+def test_the_drafts_time_a_step_is_read_from_steps_without_a_catch_up_of_unknown_cost():
+    """A short prompt's catch-up (too short to measure the rate a token) is not taken as the draft's step: kept across
+    calls, that time priced the draft out of every later call."""
+    proposer = _good_draft_beside_lookup()
+    proposer.source = "fallback"
+    proposer.lacking = 61  # the first step of a call on a 61-token prompt
+    proposer.observe_propose_seconds(0.36)
+    assert "draft" not in proposer.propose_seconds and proposer.costs.catch_up_token is None
+    proposer.lacking = 2  # a step after one the draft ran, all its proposals kept
+    proposer.observe_propose_seconds(0.12)
+    assert proposer.propose_seconds["draft"] == 0.12
+    proposer.lacking = 701  # a long prompt: measures the catch-up a token, beyond the step's own time
+    proposer.observe_propose_seconds(0.12 + 700 * 0.003)
+    assert proposer.costs.catch_up_token == pytest.approx(0.003) and proposer.propose_seconds["draft"] == 0.12
+
+
 def test_the_tree_of_both_branches_where_they_differ_and_tells_whose_tokens_were_kept():
     proposer = _good_draft_beside_lookup()
     drafted = Proposal(tokens=torch.tensor([[1, 2, 3], [1, 2, 3], [4, 5, 6]]))

@@ -195,6 +195,12 @@ class AutoLength(Schedule):
         else:
             self.costs.observe_draft_token(propose_s / k)
 
+    def observe_beyond(self, tokens: int) -> None:
+        """Tokens the draft did not propose are made, and lacked by the draft."""
+        self.made += tokens
+        self.behind += tokens
+        self.lengths.record(self.made)
+
     def end_run(self) -> None:
         """Record the run of speculative steps under way (if any) as one observation of its acceptance."""
         if self.run is not None:

@@ -34,6 +34,10 @@ class Schedule:
         (verify_s None: the step ran no forward, the prefill had scored it), and the target's confidence (top
         probability) at each token a row committed: entry i judged proposal i + 1."""
 
+    def observe_beyond(self, tokens: int) -> None:
+        """The last step also committed ``tokens`` past what ``observe`` heard this schedule's proposer bring: the
+        other branch of a tree of two proposers (``hf_spec.lookup.hybrid``)."""
+
 
 class FixedLength(Schedule):
     def __init__(self, k: int):

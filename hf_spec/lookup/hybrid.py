@@ -25,6 +25,7 @@ DRAFT_SOURCES = ("both", "fallback")  # those that run the draft
 PRIOR_STEPS = 2  # steps the draft was not the fastest for, counted before a call's own (``_draft_tokens_ahead``)
 CATCH_UP_MEASURED = 64  # a draft step that fed more tokens than this it lacked measures the catch-up a token (in a
 # shorter one the draft's own forwards weigh: 37 and 45 tokens read 8.3 and 6.7 ms a token in bf16 here, 709 tokens 2.6)
+STEP_FEED = 2  # what a draft step lacks after one it ran: the bonus token, and its last proposal where all were kept
 
 
 def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, memory_key,
@@ -280,10 +281,12 @@ class LookupAndDraftProposer:
         return self.propose_seconds.get(proposer, 0.0) + verify
 
     def observe_propose_seconds(self, seconds: float, smoothing: float = 0.3) -> None:
-        """The last step's proposing time, for the draft (a step it ran in) or the lookup (alone). A draft step's
-        catch-up beyond its usual token is taken out: where the draft lacked many tokens (its first step of a call:
-        the prompt) it measures the catch-up a token (``costs.catch_up_token``), else it is subtracted at that
-        rate."""
+        """The last step's proposing time, for the draft (a step it ran in) or the lookup (alone). A draft step that
+        lacked more than ``CATCH_UP_MEASURED`` tokens (its first step of a call: the prompt) measures the catch-up a
+        token (``costs.catch_up_token``); one that lacked more than ``STEP_FEED`` and fewer is not recorded, as its
+        catch-up's cost is not known (a short catch-up costs several times a long one's rate a token: 8.3 ms at 37
+        tokens, 2.6 ms at 709), and taken as the draft's step (kept across calls) it priced the draft out of every
+        later call (a first call on a 61-token prompt read 0.36 s a step, against 0.12 s)."""
         if self.source == "plain":
             return
         proposer = "lookup" if self.source == "lookup" else "draft"
@@ -291,8 +294,8 @@ class LookupAndDraftProposer:
             step = self.propose_seconds.get("draft", 0.0)
             self.costs.observe_catch_up(max(seconds - step, 0.0) / (self.lacking - 1))
             return
-        if proposer == "draft":
-            seconds = max(seconds - self._catch_up_seconds(), 0.0)
+        if proposer == "draft" and self.lacking > STEP_FEED:
+            return
         old = self.propose_seconds.get(proposer)
         self.propose_seconds[proposer] = seconds if old is None else (1 - smoothing) * old + smoothing * seconds
 
@@ -365,6 +368,7 @@ class LookupAndDraftSchedule(Schedule):
         if proposer.source == "both":  # each hears its own proposals; the verification's width is neither's
             by_draft, by_lookup = proposer.accepted_by_source()
             self.fallback.observe(proposer.fallback_proposed, by_draft, propose_s, None, confidence)
+            self.fallback.observe_beyond(min(accepted, default=0) - min(by_draft, default=0))
             self.lookup.observe(0, by_lookup, 0.0, None, confidence)
             took = None
         else:
