@@ -316,8 +316,49 @@ def test_plain_steps_run_no_draft_forward_and_the_deferred_catch_up_is_exact(tar
     steps = hf_spec.last_stats().k_per_step
     proposing = sum(k > 0 for k in steps)
     assert proposing and steps.count(0) > proposing
-    # the prompt's catch-up at the first step, then a catch-up and 2 tree levels a proposing step, none else
-    assert proposing < len(forwards) <= 1 + 3 * proposing
+    # a catch-up (the first: the prompt's too) and 2 tree levels a proposing step, none else
+    assert proposing < len(forwards) <= 3 * proposing
+
+
+def test_a_call_decoded_plainly_never_runs_the_draft_and_a_deferred_catch_up_is_not_the_steps_time(
+        target, fitted, prompt, monkeypatch):
+    """Where "auto" decodes plainly the whole call, the draft never runs, not even over the prompt; where a call
+    proposes after plain steps, the catch-up on what waited (the prompt) is timed apart from the step, so the
+    schedule's time a step is the step's."""
+    from hf_spec.eagle.proposer import EagleProposer
+
+    class Plain(FixedLength):
+        def next(self):
+            return 0
+
+    class FourthOnly(FixedLength):  # k = 0, 0, 0, 4, 0, 0, 0, 0, ...
+        def __init__(self, k):
+            super().__init__(k)
+            self.steps = 0
+
+        def next(self):
+            self.steps += 1
+            return self.k if self.steps == 4 else 0
+
+        def observe(self, k, accepted, propose_s, verify_s, confidence):
+            heard.append(propose_s)
+
+    draft = fitted["eagle3"]
+    forwards = count_forwards(draft, monkeypatch)
+    monkeypatch.setattr("hf_spec.engine.schedule.FixedLength", Plain)
+    assert torch.equal(eagle(target, prompt, draft, num_speculative_tokens=4), plain(target, prompt))
+    assert forwards == []
+    heard, catch_ups, propose = [], [], EagleProposer.propose
+    def recording(self, *args, **kwargs):
+        proposal = propose(self, *args, **kwargs)
+        catch_ups.append(proposal.catch_up_s)
+        return proposal
+
+    monkeypatch.setattr(EagleProposer, "propose", recording)
+    monkeypatch.setattr("hf_spec.engine.schedule.FixedLength", FourthOnly)
+    assert torch.equal(eagle(target, prompt, draft, num_speculative_tokens=4, tree_depth=3), plain(target, prompt))
+    assert [c > 0 for c in catch_ups] == [False] * 3 + [True] + [False] * (len(catch_ups) - 4)
+    assert sum(heard) + catch_ups[3] == pytest.approx(hf_spec.last_stats().propose_s)
 
 
 def test_a_tree_of_k_nodes_grows_at_most_k_levels(target, fitted, prompt, monkeypatch):

@@ -5,6 +5,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList
 
 from ..engine.cache import rollback
+from ..engine.timing import elapsed
 from ..engine.proposer import Proposal
 from ..engine.trees import TreeBuffers, build_tree_buffers
 from .auto import TreeConfidence
@@ -17,9 +18,11 @@ class EagleProposer:
     Catch-up: the draft's cache holds one entry per committed token but the first, (token x[j+1], target
     features f[j]); each proposing call feeds the entries whose features the target gave since the last one (the
     prompt after the prefill, then the root and the accepted tokens of each step), holes in front for rows that
-    got fewer, and left padding masked. The last entry's output scores the root's children. After the prompt's,
-    a plain step (k = 0) runs no draft forward: its features wait, so that "auto" decoding plainly costs what
-    plain decoding does.
+    got fewer, and left padding masked. The last entry's output scores the root's children. A plain step (k = 0)
+    runs no draft forward, the prompt's included: its features wait for the next proposal, so that "auto" decoding
+    plainly costs what plain decoding does (a call that never proposes never runs the draft). A catch-up wider than
+    a step's own entries (the prompt, or the plain steps since the last proposal) is timed apart
+    (``Proposal.catch_up_s``), so that a schedule times the step without it.
     Tree (``tree_depth`` levels, ``tree_top_k`` wide; at most k levels, as k nodes are at most k deep): the
     ``tree_top_k`` best children of the root form the first beam; each level feeds the beam (each node attends
     the committed entries and its ancestors), ranks every beam node's ``tree_top_k`` best children by cumulative
@@ -39,6 +42,8 @@ class EagleProposer:
         self.draft, self.depth, self.top_k = draft, tree_depth, tree_top_k
         self.static_tree = static_tree  # paths of draft ranks (as Medusa's trees), instead of the dynamic tree
         self._static_buffers: dict[int, TreeBuffers] = {}
+        # the most entries a step after a proposal feeds: the root and its accepted path
+        self.step_entries = 1 + (max(map(len, static_tree)) if static_tree else tree_depth)
         self.confidence = confidence  # hears each tree's candidate probabilities (num_speculative_tokens="auto")
         self.hidden_layers = draft.hidden_layers
         self.embedding = target.get_input_embeddings()
@@ -54,12 +59,15 @@ class EagleProposer:
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         depth = min(self.depth, max_depth, k)  # k nodes are at most k deep: no level beyond goes to the target
-        plain = k == 0 or depth == 0
-        if plain and self.last is not None:  # the features wait for the next proposal's catch-up
+        if k == 0 or depth == 0:  # the features wait for the next proposal's catch-up
             return Proposal(tokens=rows[0].new_empty(len(rows), 0))
         with torch.no_grad():
-            self._catch_up(rows)  # the prompt at the first call, plain or not: not a cost of each proposal
-            if plain or self.last is None:
+            catch_up_s = 0.0
+            if max(self._feed_counts(rows)[1]) > self.step_entries:
+                catch_up_s = elapsed(lambda: self._catch_up(rows), self.device)
+            else:
+                self._catch_up(rows)
+            if self.last is None:  # a row had nothing to feed yet
                 return Proposal(tokens=rows[0].new_empty(len(rows), 0))
             committed = self.cache.get_seq_length()
             if self.static_tree is not None:  # its own depth, as far as max_length allows
@@ -68,7 +76,7 @@ class EagleProposer:
                 proposal = self._dynamic_proposal(depth, k)
             rollback(self.cache, committed)
             self.valid = self.valid[:, :committed]
-        proposal.tokens = proposal.tokens.to(rows[0].device)
+        proposal.tokens, proposal.catch_up_s = proposal.tokens.to(rows[0].device), catch_up_s
         return proposal
 
     def advance(self, accepted: list[int], target_hidden: list[torch.Tensor] | None) -> None:
@@ -82,9 +90,7 @@ class EagleProposer:
     def _catch_up(self, rows: list[torch.LongTensor]) -> None:
         """Feed every row's pending entries whose next token is committed (entry j pairs x[j + 1] with f[j]; the
         root's own features wait for the token after it); keep each row's last output."""
-        firsts = [received - (0 if p is None else len(p)) for received, p in zip(self.received, self.pending)]
-        counts = [0 if p is None else max(0, min(len(p), row.shape[1] - 1 - first))
-                  for p, row, first in zip(self.pending, rows, firsts)]
+        firsts, counts = self._feed_counts(rows)
         width = max(counts)
         if width == 0:
             return
@@ -111,6 +117,13 @@ class EagleProposer:
         else:
             self.last = (torch.where(fed[:, None], hidden[:, -1], self.last[0]),
                          torch.where(fed[:, None], logits[:, -1], self.last[1]))
+
+    def _feed_counts(self, rows: list[torch.LongTensor]) -> tuple[list[int], list[int]]:
+        """Each row's position of its first pending entry, and how many of its pending entries can be fed."""
+        firsts = [received - (0 if p is None else len(p)) for received, p in zip(self.received, self.pending)]
+        counts = [0 if p is None else max(0, min(len(p), row.shape[1] - 1 - first))
+                  for p, row, first in zip(self.pending, rows, firsts)]
+        return firsts, counts
 
     def _feed(self, tokens, features, block_attention, positions, from_target: bool, logits_to_keep: int = 0):
         """Run the draft on a block [batch, n] whose entries attend the valid cached entries and, among the

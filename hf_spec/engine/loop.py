@@ -117,7 +117,7 @@ class _Decoding:
         # None: no forward was timed, or the one timed carried the prompt too (not a verification's cost)
         verify_s = None if block_start is None or self.carried_prompt else self.stats.verify_s - spent[1]
         self.schedule.observe(proposal.k, [a for a, path in zip(accepted, kept) if path],
-                              self.stats.propose_s - spent[0], verify_s, self.confidence)
+                              self.stats.propose_s - spent[0] - proposal.catch_up_s, verify_s, self.confidence)
         self.roll_back(block_start, kept, accepted, output.hidden)
         if carries_prompt:  # this step prefilled the target (and a draft model, proposing): its time is prefill
             self.stats.prefill_s += self.stats.propose_s - spent[0] + self.stats.verify_s - spent[1]

@@ -27,6 +27,9 @@ class Proposal:
     probs: torch.Tensor | None = None  # [batch, k, vocab] q for sampled chains; None for greedy or deterministic
     tree: TreeBuffers | None = None
     row_trees: tuple[TreeBuffers, ...] | None = None
+    # of the proposing time, what the proposer spent feeding what it had deferred (EAGLE's prompt, where the call
+    # began plainly): paid once, not a cost of the step, so the schedule does not hear it
+    catch_up_s: float = 0.0
     # set by the loop once verified: each row's kept block indices, root first ([] for a finished row), for a
     # proposer whose tree merges several sources and must tell which one each row's path went through
     kept: list[list[int]] | None = None
