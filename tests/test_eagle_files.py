@@ -57,8 +57,8 @@ def root_logits(draft, target, tokens: torch.LongTensor, features: torch.Tensor)
     """The draft's scores for what follows ``tokens`` [1, n + 1] after catching up on entries (x[j + 1], f[j])."""
     proposer = EagleProposer(draft, target, None)
     proposer.advance([0], [features])
-    proposer.propose([tokens], 0, None, False, max_depth=4)  # the catch-up on the prompt, no tree
-    return proposer.last[1]
+    proposer.propose([tokens], 1, None, False, max_depth=1)  # the catch-up on the prompt, then one node
+    return proposer.last[1]  # the catch-up's output: the tree reads it and leaves it
 
 
 def test_the_window_is_honoured_exactly(tmp_path, target):

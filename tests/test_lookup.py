@@ -182,11 +182,23 @@ def test_a_first_step_verifying_a_tree_never_reads_the_prompt_as_its_cost(target
     assert heard and max(s for s in heard if s is not None) < 0.5
 
 
-def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, drafts, tokenizer):
-    """A draft that is never right: every accepted token came from the lookup."""
+def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, drafts, tokenizer, monkeypatch):
+    """A draft that is never right: every accepted token came from the lookup. On a clock that only forwards move
+    (the target's 0.2 s, the draft's 0.02 s), as a loaded CPU's clock would not, the draft is priced the same in
+    every run."""
+    from hf_spec.engine.runner import CachedModel
+
+    forward, clock = CachedModel.forward, [0.0]
+
+    def timed(self, tokens, *args, **kwargs):
+        clock[0] += 0.2 if self.model is target else 0.02
+        return forward(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(CachedModel, "forward", timed)
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     inputs = tokenizer("abcabcabc", return_tensors="pt")
     target.generate(**inputs, max_new_tokens=40, do_sample=False, strategy="draft", draft_model=drafts["never"],
-                    num_speculative_tokens=2, prompt_lookup=True)
+                    num_speculative_tokens=2, prompt_lookup=True, cache_costs=False)
     stats = hf_spec.last_stats()
     assert stats.accepted > 0 and 2 in stats.k_per_step and any(k > 2 for k in stats.k_per_step)
 

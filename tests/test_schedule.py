@@ -157,6 +157,22 @@ def test_earlier_answers_say_how_many_tokens_lie_ahead():
     assert lengths.expected_ahead(64, 100) is None  # no earlier call went that far
 
 
+def test_steps_the_draft_did_not_propose_count_every_token_they_made_as_made_and_lacked_by_the_draft():
+    """Beside prompt lookup the draft's schedule hears the lookup's steps as plain ones (k = 0) with their accepted
+    tokens, and a tree of both's tokens past the draft's chain (``observe_beyond``): the draft lacks all of them,
+    and the call made them (its recorded length, what a catch-up is priced against)."""
+    auto = auto_with(CPU, 0.15, 0.97)
+    auto.start(prompt_length=10, max_new_tokens=64)
+    auto.observe(0, [0], 0.0, None, [[0.9]])  # a plain step: one token
+    assert (auto.made, auto.behind) == (1, 11)
+    auto.observe(0, [4], 0.0, None, [[0.9] * 5])  # a lookup step that kept four: five tokens
+    assert (auto.made, auto.behind) == (6, 16)
+    auto.observe(3, [2], 0.5, None, [[0.9] * 3])  # the draft's step: it catches up, then lacks the bonus token
+    assert (auto.made, auto.behind) == (9, 1)
+    auto.observe_beyond(2)  # a tree of both whose lookup branch kept two more
+    assert (auto.made, auto.behind) == (11, 3) and auto.lengths.current == 11
+
+
 def test_after_long_answers_auto_catches_up_on_the_prompt_at_once():
     auto = auto_with(CPU, 0.15, 0.97, catch_up_token=0.01)
     for _ in range(2):  # two earlier calls made 64 tokens each

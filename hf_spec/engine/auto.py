@@ -212,6 +212,7 @@ class AutoLength(Schedule):
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         self.costs.observe_verify(k + 1, verify_s)
+        made = 1 + (min(accepted) if accepted else 0)
         if k > 0:
             self.observe_draft(k, propose_s)
             if self.run is None or self.behind > 1:  # a catch-up begins a run
@@ -223,10 +224,10 @@ class AutoLength(Schedule):
                     self.realised.update(self.predicted_for_step, i < row_accepted)
                     self.in_call.update(i < row_accepted)
             self.behind = 1
-        else:
+        else:  # the draft did not run: it lacks what the step made (beside a lookup, the lookup's tokens too)
             self.end_run()
-            self.behind += 1
-        self.made += 1 + (min(accepted) if accepted else 0)
+            self.behind += made
+        self.made += made
         self.lengths.record(self.made)
         for row_confidence in confidence:  # the committed tokens, in order (a batch: row after row)
             for c in row_confidence:
