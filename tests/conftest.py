@@ -1,5 +1,6 @@
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,26 @@ def target(request):
 def drafts(target):
     """Drafts that are always right (the target itself), never right and partly right under greedy."""
     return {"always": target, "never": contrary_draft(target), "partly": perturbed_draft(target)}
+
+
+@pytest.fixture
+def forward_clock(monkeypatch):
+    """``install(seconds)``: ``time.perf_counter`` becomes a clock that only model forwards move, each by
+    ``seconds(cached_model, input_ids, now)`` (the ``CachedModel`` running it, its input, the clock before it), so
+    that what the package times does not depend on the machine's load."""
+    from hf_spec.engine.runner import CachedModel
+
+    forward, clock = CachedModel.forward, [0.0]
+
+    def install(seconds) -> None:
+        def timed(self, tokens, *args, **kwargs):
+            clock[0] += seconds(self, tokens, clock[0])
+            return forward(self, tokens, *args, **kwargs)
+
+        monkeypatch.setattr(CachedModel, "forward", timed)
+        monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    return install
 
 
 @pytest.fixture

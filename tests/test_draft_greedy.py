@@ -1,6 +1,5 @@
 """Greedy equivalence with plain generate(), and the statistics that prove the draft was used."""
 import math
-import time
 
 import pytest
 import torch
@@ -208,21 +207,12 @@ def test_a_criterion_that_reads_the_scores_sees_them_as_generate_passes_them(tar
     assert torch.equal(target.generate(**prompt, **common, **kwargs).sequences, expected)
 
 
-def test_the_step_that_carries_the_prompt_counts_as_prefill(target, drafts, prompt, monkeypatch):
+def test_the_step_that_carries_the_prompt_counts_as_prefill(target, drafts, prompt, forward_clock):
     """The draft strategy leaves the prompt to the first verification (one forward, as assisted generation); that
     step's time is the prefill's, so decode tokens/s means the same for every strategy. On a clock that only
     target forwards move (1 s carrying the prompt, 0.01 s a step), the accounting shows where each went."""
-    from hf_spec.engine.runner import CachedModel
-
-    forward, clock = CachedModel.forward, [0.0]
-
-    def timed(self, tokens, *args, **kwargs):
-        if self.model is target:
-            clock[0] += 1.0 if tokens.shape[1] > 4 else 0.01  # the prompt, or a block of root + 3 proposals
-        return forward(self, tokens, *args, **kwargs)
-
-    monkeypatch.setattr(CachedModel, "forward", timed)
-    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    forward_clock(lambda model, tokens, now: 0.0 if model.model is not target
+                  else 1.0 if tokens.shape[1] > 4 else 0.01)  # the prompt, or a block of root + 3 proposals
     speculative(target, prompt, drafts["partly"], k=3, max_new_tokens=NEW_TOKENS)
     stats = hf_spec.last_stats()
     assert stats.prefill_s == pytest.approx(1.0)

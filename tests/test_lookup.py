@@ -3,7 +3,6 @@ sequences, greedy output equal to plain generate() for chains, trees and left-pa
 sampling distribution (chi-square, as tests/test_sampling_distribution.py), the options, "auto"'s choice."""
 import dataclasses
 import importlib
-import time
 
 import pytest
 import torch
@@ -154,24 +153,16 @@ def test_draft_beside_prompt_lookup_equals_plain_generate(target, drafts, tokeni
     assert torch.equal(out, expected)
 
 
-def test_a_first_step_verifying_a_tree_never_reads_the_prompt_as_its_cost(target, drafts, tokenizer, monkeypatch):
+def test_a_first_step_verifying_a_tree_never_reads_the_prompt_as_its_cost(target, drafts, tokenizer, monkeypatch,
+                                                                         forward_clock):
     """Under greedy decoding the hybrid's first step may verify the tree of both proposals: a tree's block holds no
     prompt, so the prompt goes through a forward of its own just before, inside the step's timing. That time is the
     prefill's, never a verification's (read as one, a 14-token tree cost 5.4 s in bf16 against 0.2 s, and wide
     steps were ruled out for the rest of the process). On a clock that only target forwards move (1 s the first,
     the prompt; 0.01 s a step), nothing the costs hear reaches the prompt's second."""
-    from hf_spec.engine.runner import CachedModel
-
-    forward, clock, heard, chosen = CachedModel.forward, [0.0], [], []
+    heard, chosen = [], []
     choose, observe = LookupAndDraftProposer._choose, Costs.observe_verify
-
-    def timed(self, tokens, *args, **kwargs):
-        if self.model is target:
-            clock[0] += 0.01 if clock[0] else 1.0
-        return forward(self, tokens, *args, **kwargs)
-
-    monkeypatch.setattr(CachedModel, "forward", timed)
-    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    forward_clock(lambda model, tokens, now: 0.0 if model.model is not target else 0.01 if now else 1.0)
     monkeypatch.setattr(Costs, "observe_verify", lambda self, width, s: (heard.append(s), observe(self, width, s)))
     monkeypatch.setattr(LookupAndDraftProposer, "_choose",
                         lambda self, *args, **kwargs: chosen.append(choose(self, *args, **kwargs)) or chosen[-1])
@@ -182,20 +173,11 @@ def test_a_first_step_verifying_a_tree_never_reads_the_prompt_as_its_cost(target
     assert heard and max(s for s in heard if s is not None) < 0.5
 
 
-def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, drafts, tokenizer, monkeypatch):
+def test_the_lookup_proposes_where_it_matches_and_the_draft_elsewhere(target, drafts, tokenizer, forward_clock):
     """A draft that is never right: every accepted token came from the lookup. On a clock that only forwards move
     (the target's 0.2 s, the draft's 0.02 s), as a loaded CPU's clock would not, the draft is priced the same in
     every run."""
-    from hf_spec.engine.runner import CachedModel
-
-    forward, clock = CachedModel.forward, [0.0]
-
-    def timed(self, tokens, *args, **kwargs):
-        clock[0] += 0.2 if self.model is target else 0.02
-        return forward(self, tokens, *args, **kwargs)
-
-    monkeypatch.setattr(CachedModel, "forward", timed)
-    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    forward_clock(lambda model, tokens, now: 0.2 if model.model is target else 0.02)
     inputs = tokenizer("abcabcabc", return_tensors="pt")
     target.generate(**inputs, max_new_tokens=40, do_sample=False, strategy="draft", draft_model=drafts["never"],
                     num_speculative_tokens=2, prompt_lookup=True, cache_costs=False)

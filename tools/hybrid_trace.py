@@ -30,11 +30,12 @@ def trace(log: TextIO) -> Iterator[None]:
 
     def traced_choose(self, live, fallback_k: int, both: bool) -> str:
         judged = ""
-        if fallback_k:  # read before the choice counts the step (``_draft_tokens_ahead`` depends on it)
+        if fallback_k:  # as ``_choose`` weighs them (it returns before pricing the draft when k is 0)
             optimistic = self._seconds_a_token(live, fallback_k, both, optimistic=True)
             at_mean = self._seconds_a_token(live, fallback_k, both, optimistic=False)
             judged = f" optimistic: {_rounded(optimistic)} mean: {_rounded(at_mean)}"
         source = choose(self, live, fallback_k, both)
+        # after the choice has counted this step, as ``_choose`` spreads the catch-up
         spread = self._catch_up_seconds() / self._draft_tokens_ahead() if fallback_k else 0.0
         made = self.max_new_tokens - self.tokens_left
         log.write(f"step made={made} lacking={self.lacking} k={fallback_k} "
