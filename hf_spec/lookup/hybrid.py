@@ -61,8 +61,8 @@ class LookupAndDraftProposer:
     ... from the acceptance by position each source has realised (the lookup's by its match's length, ``MatchSurvival``,
     kept across calls; the draft's this call's recent steps, ``fallback_survival``, as a draft's acceptance follows the
     text: high in a math answer, low in a story, after a prior of two steps at the pair's record across calls,
-    ``pooled_survival``; each one standard error optimistic, so that a match class the draft outbids at its prior gets
-    tried; the lookup's scaled by the share of its pooled promise that this call's lookup steps brought,
+    ``pooled_survival``; each E one standard error optimistic (``PositionSurvival.expected``), so that a match class
+    the draft outbids at its prior gets tried; the lookup's scaled by the share of its pooled promise that this call's lookup steps brought,
     ``lookup_yield``: in an answer that does not repeat its prompt, short matches fail step after step where the pooled
     record says they copy; for both, the draft's E and what the lookup's branch adds beyond it, position i surviving
     where either does as if independent, that addition scaled by the share of it this call's steps of both realised,
