@@ -178,7 +178,7 @@ class PositionSurvival:
         positions of a chain whose first is seldom accepted, rarely judged and still at their prior, add little.
         (Raising each a_i by its own error instead compounds along the chain: a class of matches whose first token
         is right 0.3 of the time, its later positions unjudged, was priced at 2.9 tokens a step of ten; 1.9 this
-        way, 1.6 at its mean.)"""
+        way, 1.6 at its mean; ``upper``.)"""
         self._grow(max_positions)
         rates = [accepted / seen for accepted, seen in zip(self.accepted[:max_positions], self.seen)]
         expected, survival = [1.0], 1.0
@@ -188,6 +188,17 @@ class PositionSurvival:
         if not optimistic:
             return expected
         return [min(mean + error, n + 1.0) for n, (mean, error) in enumerate(zip(expected, self._errors(rates)))]
+
+    def upper(self, max_positions: int) -> list[float]:
+        """E(n) for n = 0 .. max_positions with each a_i one standard error higher (at most 1): the most each position
+        could bring, compounding along the chain (a chain of unjudged positions at a half is taken at 0.85 each)."""
+        self._grow(max_positions)
+        expected, survival = [1.0], 1.0
+        for accepted, seen in zip(self.accepted[:max_positions], self.seen):
+            rate = accepted / seen
+            survival *= min(rate + math.sqrt(rate * (1 - rate) / seen), 1.0)
+            expected.append(expected[-1] + survival)
+        return expected
 
     def _errors(self, rates: list[float]) -> list[float]:
         """The standard error of E(n) for n = 0 .. len(rates): sqrt(sum_j (dE(n)/da_j)^2 a_j (1 - a_j) / seen_j),

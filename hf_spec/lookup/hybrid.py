@@ -152,7 +152,10 @@ class LookupAndDraftProposer:
         bf16 on a CPU with native bf16). The draft's
         proposals are taken one standard error optimistic, but where it must catch up (a cost paid before any of
         them is judged) and in counting the steps it should serve (the evidence the catch-up is paid on), at their
-        mean."""
+        mean; in that count the lookup's chain is taken at the most each of its positions could bring
+        (``PositionSurvival.upper``), so a step counts for the draft only where it beats the lookup at its best.
+        (With the lookup's E one standard error up there too, the draft caught up on summarization's and RAG's long
+        prompts for steps the lookup served: 0.81x the lookup there, against 0.92x-0.93x.)"""
         if fallback_k == 0:  # the draft's schedule says plain: the lookup's chains where every row has one that pays
             if not (live and all(chain for _, chain in live)):
                 return "plain"
@@ -161,7 +164,8 @@ class LookupAndDraftProposer:
         per_token = self._seconds_a_token(live, fallback_k, both, optimistic=True)
         at_mean = self._seconds_a_token(live, fallback_k, both, optimistic=False)
         self.steps_judged += 1
-        self.draft_wanted += _fastest(at_mean) in DRAFT_SOURCES
+        self.draft_wanted += _fastest(self._seconds_a_token(live, fallback_k, both, optimistic=False,
+                                                            lookup_upper=True)) in DRAFT_SOURCES
         catch_up = self._catch_up_seconds()
         if catch_up > 0:
             spread = catch_up / self._draft_tokens_ahead()
@@ -184,7 +188,7 @@ class LookupAndDraftProposer:
         return not (guessing and self.costs.verify) or lookup_seconds < self.costs.verify_cost(1)
 
     def _seconds_a_token(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool,
-                         optimistic: bool) -> dict[str, float]:
+                         optimistic: bool, lookup_upper: bool = False) -> dict[str, float]:
         """Each source's seconds a token, T / E, catch-up aside; the draft's E ``optimistic`` or at its mean (the
         lookup's is always optimistic: an unseen match class gets tried; a match's scaled by ``lookup_yield``, a
         guess's not: it promises little, and ``lookup_yield`` is the matches' record)."""
@@ -193,7 +197,7 @@ class LookupAndDraftProposer:
         per_token = {"fallback": self._seconds("draft", fallback_k + 1) / (1 + sum(draft))}
         if matched:
             lookup_nodes = max(len(chain) for _, chain in matched)
-            lookup = self._lookup_rates(live)
+            lookup = self._lookup_rates(live, lookup_upper)
             if len(matched) == len(live):
                 per_token["lookup"] = self._seconds("lookup", lookup_nodes + 1) * len(live) / sum(
                     1 + sum(rows) for rows in lookup)
@@ -203,13 +207,15 @@ class LookupAndDraftProposer:
                     1 + sum(draft) + share * _beyond_draft(draft, rows) for rows in lookup)
         return per_token
 
-    def _lookup_rates(self, live: list[tuple[int, list[int]]]) -> list[list[float]]:
-        """Each row's s_1, s_2, ... for its chain (none without one): its match class's, optimistic, scaled by
-        ``lookup_yield``; a guess's unscaled."""
+    def _lookup_rates(self, live: list[tuple[int, list[int]]], upper: bool = False) -> list[list[float]]:
+        """Each row's s_1, s_2, ... for its chain (none without one): its match class's, optimistic (``upper``: each
+        position at the most it could bring, ``PositionSurvival.upper``), scaled by ``lookup_yield``; a guess's
+        unscaled."""
         survival, share = self.lookup.survival, self.lookup_yield.share()
-        return [[(share if length else 1.0) * s
-                 for s in _position_rates(survival[length].expected(len(chain), optimistic=True))]
-                if chain else [] for length, chain in live]
+        expected = [(survival[length].upper(len(chain)) if upper else
+                     survival[length].expected(len(chain), optimistic=True)) if chain else [1.0]
+                    for length, chain in live]
+        return [[(share if length else 1.0) * s for s in _position_rates(e)] for (length, _), e in zip(live, expected)]
 
     def _lookup_promise(self, match_length: int, nodes: int) -> float:
         """The tokens of a chain of ``nodes`` the pooled record expects accepted (its mean, for ``lookup_yield``)."""
