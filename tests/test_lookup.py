@@ -212,6 +212,28 @@ def test_the_hybrid_tries_a_match_class_it_has_not_seen_even_against_a_good_draf
     assert proposer._choose([(5, chain), (5, [])], 3, both=False) == "fallback"  # a live row without a match
 
 
+def test_a_step_counts_for_the_drafts_catch_up_only_where_the_draft_beats_the_lookup_at_its_best():
+    """The choice takes the lookup's E one standard error up; the steps that count for the draft's catch-up (the
+    evidence it is paid on) take the lookup at the most each of its positions could bring, the draft at its mean. A
+    class of 1-token matches whose first token is right a third of the time, its later positions unjudged, brings 1.9
+    tokens a ten-node step one standard error up (0.111 s a token) and could bring 3.1 (0.070 s): a caught-up draft
+    (3 tokens in 0.28 s, 0.093 s a token) is chosen over it, but the step does not count for a catch-up; with a long
+    prompt to catch up on (2.8 s), the lookup is chosen."""
+    proposer = _good_draft_beside_lookup()
+    proposer.costs.verify = {4: 0.20, 14: 0.22}
+    proposer.propose_seconds = {"draft": 0.08}
+    for accepted in [1] * 15 + [0] * 33:
+        proposer.lookup.survival[1].observe(proposed=1, accepted=accepted)
+    chain = list(range(10))
+    proposer.start(64)
+    proposer.lacking = 1  # caught up
+    assert proposer._choose([(1, chain)], 3, both=False) == "fallback"
+    assert (proposer.steps_judged, proposer.draft_wanted) == (1, 0)
+    proposer.costs.catch_up_token, proposer.lacking = 0.004, 701
+    assert proposer._choose([(1, chain)], 3, both=False) == "lookup"
+    assert (proposer.steps_judged, proposer.draft_wanted) == (2, 0)
+
+
 def test_under_greedy_the_hybrid_verifies_both_unless_one_alone_is_faster():
     """Both in one tree bring at least what either brings: before any time is measured they are taken over the
     draft alone. Then E / T decides, T = the proposer's time + the verification's at the step's width: the lookup
