@@ -1,6 +1,7 @@
-"""Why the draft+lookup hybrid took each step: one line a step with each source's seconds a token (optimistic, and at
-the mean), the draft's catch-up spread over the tokens it should serve, the rows' matches (length, chain) and the
-call's lookup yield, then the choice and what the step kept. For reading a benchmark's losses step by step.
+"""Why the draft+lookup hybrid took each step: one line a step with each source's seconds a token (optimistic, at the
+mean, and as the draft's catch-up counts the step: the lookup at its upper bound), the draft's catch-up spread over the
+tokens it should serve, the rows' matches (length, chain) and the call's lookup yield, then the choice and what the step
+kept. For reading a benchmark's losses step by step.
 
     python tools/hybrid_trace.py trace.log bench --target ... --draft ... --modes vanilla,draft+lookup --k 3
 
@@ -33,7 +34,8 @@ def trace(log: TextIO) -> Iterator[None]:
         if fallback_k:  # as ``_choose`` weighs them (it returns before pricing the draft when k is 0)
             optimistic = self._seconds_a_token(live, fallback_k, both, optimistic=True)
             at_mean = self._seconds_a_token(live, fallback_k, both, optimistic=False)
-            judged = f" optimistic: {_rounded(optimistic)} mean: {_rounded(at_mean)}"
+            counted = self._seconds_a_token(live, fallback_k, both, optimistic=False, lookup_upper=True)
+            judged = f" optimistic: {_rounded(optimistic)} mean: {_rounded(at_mean)} count: {_rounded(counted)}"
         source = choose(self, live, fallback_k, both)
         # after the choice has counted this step, as ``_choose`` spreads the catch-up
         spread = self._catch_up_seconds() / self._draft_tokens_ahead() if fallback_k else 0.0

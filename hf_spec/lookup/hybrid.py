@@ -61,27 +61,27 @@ class LookupAndDraftProposer:
     ... from the acceptance by position each source has realised (the lookup's by its match's length, ``MatchSurvival``,
     kept across calls; the draft's this call's recent steps, ``fallback_survival``, as a draft's acceptance follows the
     text: high in a math answer, low in a story, after a prior of two steps at the pair's record across calls,
-    ``pooled_survival``; each E one standard error optimistic (``PositionSurvival.expected``), so that a match class
-    the draft outbids at its prior gets tried; the lookup's scaled by the share of its pooled promise that this call's lookup steps brought,
-    ``lookup_yield``: in an answer that does not repeat its prompt, short matches fail step after step where the pooled
-    record says they copy; for both, the draft's E and what the lookup's branch adds beyond it, position i surviving
-    where either does as if independent, that addition scaled by the share of it this call's steps of both realised,
-    ``both_yield``: where the two agree, as in an answer whose every token the draft foresees, the branch adds nothing
-    and the tree is only wider), T = the proposer's measured time a step (the draft's exclude its catch-up; the pair's,
-    kept across calls: a call that started from none took the draft at no cost until it ran) + the target's verification
-    of the step's width (``costs``, the pair's: measured by width, interpolated between, flat beyond). A proposer that
-    runs the draft also pays the draft's catch-up on the tokens its cache lacks (``costs.catch_up_token`` a token, the
-    pair's: measured on the draft's first step of a call, the prompt), spread over the tokens the draft should serve
-    (``_draft_tokens_ahead``): it is paid once, and the tokens the draft proposes after it gain from it; as it is paid
-    in full before any of them is judged, the draft is weighed there at its mean acceptance, not the optimistic one (as
-    ``AutoLength`` weighs a catch-up); how many the call should still make is what earlier calls made beyond this point
-    (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer records each call's length: a
-    RAG answer stops long before ``max_new_tokens``), or what it may still make where no earlier call went this far.
-    Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is plain ("plain": the
-    draft keeps its k for the steps it runs). A chain is deterministic: under sampling its q is one-hot, so the
-    speculative sampling rule keeps the target's distribution; the tree of both is proposed under greedy decoding only,
-    as the draft's sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback", "both" or
-    "plain")."""
+    ``pooled_survival``; each E one standard error optimistic (``PositionSurvival.expected``), so that a match class the
+    draft outbids at its prior gets tried; the lookup's scaled by the share of its pooled promise that this call's
+    lookup steps brought, ``lookup_yield``: in an answer that does not repeat its prompt, short matches fail step after
+    step where the pooled record says they copy; for both, the draft's E and what the lookup's branch adds beyond it,
+    position i surviving where either does as if independent, that addition scaled by the share of it this call's steps
+    of both realised, ``both_yield``: where the two agree, as in an answer whose every token the draft foresees, the
+    branch adds nothing and the tree is only wider), T = the proposer's measured time a step (the draft's exclude its
+    catch-up; the pair's, kept across calls: a call that started from none took the draft at no cost until it ran) + the
+    target's verification of the step's width (``costs``, the pair's: measured by width, interpolated between, flat
+    beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens its cache lacks
+    (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call, the prompt), spread
+    over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the tokens the draft proposes
+    after it gain from it; as it is paid in full before any of them is judged, the draft is weighed there at its mean
+    acceptance, not the optimistic one (as ``AutoLength`` weighs a catch-up); how many the call should still make is
+    what earlier calls made beyond this point (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this
+    proposer records each call's length: a RAG answer stops long before ``max_new_tokens``), or what it may still make
+    where no earlier call went this far. Where that catch-up is what makes the draft lose, and the lookup has nothing
+    better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain is deterministic: under
+    sampling its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of both is
+    proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed last
+    ("lookup", "fallback", "both" or "plain")."""
 
     hidden_layers = ()
 
