@@ -180,11 +180,8 @@ class PositionSurvival:
         is right 0.3 of the time, its later positions unjudged, was priced at 2.9 tokens a step of ten; 1.9 this
         way, 1.6 at its mean; ``upper``.)"""
         self._grow(max_positions)
-        rates = [accepted / seen for accepted, seen in zip(self.accepted[:max_positions], self.seen)]
-        expected, survival = [1.0], 1.0
-        for rate in rates:
-            survival *= rate
-            expected.append(expected[-1] + survival)
+        rates = self.rates()[:max_positions]
+        expected = _expected_tokens(rates)
         if not optimistic:
             return expected
         return [min(mean + error, n + 1.0) for n, (mean, error) in enumerate(zip(expected, self._errors(rates)))]
@@ -193,22 +190,27 @@ class PositionSurvival:
         """E(n) for n = 0 .. max_positions with each a_i one standard error higher (at most 1): the most each position
         could bring, compounding along the chain (a chain of unjudged positions at a half is taken at 0.85 each)."""
         self._grow(max_positions)
-        expected, survival = [1.0], 1.0
-        for accepted, seen in zip(self.accepted[:max_positions], self.seen):
-            rate = accepted / seen
-            survival *= min(rate + math.sqrt(rate * (1 - rate) / seen), 1.0)
-            expected.append(expected[-1] + survival)
-        return expected
+        return _expected_tokens([min(rate + math.sqrt(rate * (1 - rate) / seen), 1.0)
+                                 for rate, seen in zip(self.rates()[:max_positions], self.seen)])
 
     def _errors(self, rates: list[float]) -> list[float]:
         """The standard error of E(n) for n = 0 .. len(rates): sqrt(sum_j (dE(n)/da_j)^2 a_j (1 - a_j) / seen_j),
         dE(n)/da_j = the sum over i = j .. n of the product of a_1 .. a_i but a_j."""
         errors, without = [0.0], []  # without[j]: the product of a_1 .. a_n but a_j
         slopes, survival = [], 1.0  # slopes[j]: dE(n)/da_j
-        for n, rate in enumerate(rates):
+        for rate in rates:
             without = [product * rate for product in without] + [survival]
             survival *= rate
             slopes = [slope + product for slope, product in zip(slopes + [0.0], without)]
             errors.append(math.sqrt(sum(slope * slope * a * (1 - a) / seen
                                         for slope, a, seen in zip(slopes, rates, self.seen))))
         return errors
+
+
+def _expected_tokens(rates: list[float]) -> list[float]:
+    """E(n) = 1 + s_1 + ... + s_n for n = 0 .. len(rates), s_i = a_1 ... a_i, from the rates a_1, a_2, ..."""
+    expected, survival = [1.0], 1.0
+    for rate in rates:
+        survival *= rate
+        expected.append(expected[-1] + survival)
+    return expected
