@@ -211,11 +211,16 @@ class LookupAndDraftProposer:
         """Each row's s_1, s_2, ... for its chain (none without one): its match class's, optimistic (``upper``: each
         position at the most it could bring, ``PositionSurvival.upper``), scaled by ``lookup_yield``; a guess's
         unscaled."""
-        survival, share = self.lookup.survival, self.lookup_yield.share()
-        expected = [(survival[length].upper(len(chain)) if upper else
-                     survival[length].expected(len(chain), optimistic=True)) if chain else [1.0]
-                    for length, chain in live]
-        return [[(share if length else 1.0) * s for s in _position_rates(e)] for (length, _), e in zip(live, expected)]
+        share = self.lookup_yield.share()
+
+        def chain_rates(length: int, chain: list[int]) -> list[float]:
+            if not chain:
+                return []
+            record = self.lookup.survival[length]
+            expected = record.upper(len(chain)) if upper else record.expected(len(chain), optimistic=True)
+            return [(share if length else 1.0) * s for s in _position_rates(expected)]
+
+        return [chain_rates(length, chain) for length, chain in live]
 
     def _lookup_promise(self, match_length: int, nodes: int) -> float:
         """The tokens of a chain of ``nodes`` the pooled record expects accepted (its mean, for ``lookup_yield``)."""
