@@ -393,6 +393,27 @@ def test_beside_a_draft_a_row_without_a_match_offers_a_guess_weighed_against_a_p
     assert proposer._choose([(0, [5])], 3, both=False) == "fallback"
 
 
+def test_the_hybrid_cuts_a_lookup_chain_where_its_later_tokens_are_not_worth_their_verification():
+    """A match class whose first token is right nine times in ten and its second once: on a long prompt, where
+    verifying eleven tokens costs half as much again as one (0.30 s against 0.20 s), one token (1.9 in 0.20 s) beats
+    ten (about 2.0 in 0.30 s); a sure copy keeps its ten; with no verification measured, every length costs the same
+    and the whole continuation is proposed. ``chain`` records the cut length, so the class learns from what was
+    proposed."""
+    proposer = _good_draft_beside_lookup()
+    assert proposer._chain_length(1, 10) == 10  # nothing measured
+    proposer.costs.verify = {1: 0.20, 2: 0.20, 4: 0.21, 11: 0.30}
+    for accepted in [1] * 90 + [0] * 10:
+        proposer.lookup.survival[1].observe(10, accepted)
+    for _ in range(100):
+        proposer.lookup.survival[30].observe(10, 10)
+    assert proposer._chain_length(1, 10) == 1
+    assert proposer._chain_length(30, 10) == 10
+    assert proposer._chain_length(0, 1) == 1  # a guess is one token
+    text = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5]])
+    assert proposer.lookup.chain([text], 10, 10, length_for=proposer._chain_length) == [(1, [6])]
+    assert proposer.lookup.proposed == [(1, 1)]
+
+
 def test_a_call_the_lookup_serves_well_spreads_the_drafts_catch_up_over_few_tokens():
     proposer = _good_draft_beside_lookup()
     proposer.costs.verify = {1: 0.20, 4: 0.21, 14: 0.23}

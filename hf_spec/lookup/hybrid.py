@@ -33,7 +33,8 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     """``fallback`` and its schedule with prompt lookup beside it, for a decoding ``call`` (an
     ``hf_spec.engine.call.DecodingCall``: its generation config's prompt lookup settings). With
     ``num_speculative_tokens="auto"`` the lookup's chain length is "auto" too (``AutoLookup``, its estimates kept
-    for (target, ``memory_key``)); else it is ``prompt_lookup_num_tokens``."""
+    for (target, ``memory_key``)); else it is ``prompt_lookup_num_tokens``. Either way each chain is cut to the length
+    that brings its tokens fastest (``LookupAndDraftProposer._chain_length``)."""
     num_tokens, max_ngram = lookup_settings(call.generation_config)
     memory = pair_memory(call.model, memory_key, cache_costs)
     memory.lookup_survival = memory.lookup_survival or MatchSurvival()
@@ -53,35 +54,36 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
 
 class LookupAndDraftProposer:
     """Each step, one of three proposals: the lookup's chain alone, where every live row has one (its match's
-    continuation, at most ``lookup_length`` tokens, or where it has no match a guess, ``PromptLookupProposer.chain``;
-    shorter rows padded with their last token; the draft does not run); ``fallback``'s proposal of ``fallback_k`` tokens
-    alone; or, under greedy decoding, both as one tree per row (``_union``: the draft's chain, and the lookup's
-    continuation branching off where it differs), whose longest accepted path wins (``LookupAndDraftSchedule`` sets both
-    lengths each step; the loop's k is their maximum). The one chosen brings tokens fastest: E / T, E = 1 + s_1 + s_2 +
-    ... from the acceptance by position each source has realised (the lookup's by its match's length, ``MatchSurvival``,
-    kept across calls; the draft's this call's recent steps, ``fallback_survival``, as a draft's acceptance follows the
-    text: high in a math answer, low in a story, after a prior of two steps at the pair's record across calls,
-    ``pooled_survival``; each E one standard error optimistic (``PositionSurvival.expected``), so that a match class the
-    draft outbids at its prior gets tried; the lookup's scaled by the share of its pooled promise that this call's
-    lookup steps brought, ``lookup_yield``: in an answer that does not repeat its prompt, short matches fail step after
-    step where the pooled record says they copy; for both, the draft's E and what the lookup's branch adds beyond it,
-    position i surviving where either does as if independent, that addition scaled by the share of it this call's steps
-    of both realised, ``both_yield``: where the two agree, as in an answer whose every token the draft foresees, the
-    branch adds nothing and the tree is only wider), T = the proposer's measured time a step (the draft's exclude its
-    catch-up; the pair's, kept across calls: a call that started from none took the draft at no cost until it ran) + the
-    target's verification of the step's width (``costs``, the pair's: measured by width, interpolated between, flat
-    beyond). A proposer that runs the draft also pays the draft's catch-up on the tokens its cache lacks
-    (``costs.catch_up_token`` a token, the pair's: measured on the draft's first step of a call, the prompt), spread
-    over the tokens the draft should serve (``_draft_tokens_ahead``): it is paid once, and the tokens the draft proposes
-    after it gain from it; as it is paid in full before any of them is judged, the draft is weighed there at its mean
-    acceptance, not the optimistic one (as ``AutoLength`` weighs a catch-up); how many the call should still make is
-    what earlier calls made beyond this point (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this
-    proposer records each call's length: a RAG answer stops long before ``max_new_tokens``), or what it may still make
-    where no earlier call went this far. Where that catch-up is what makes the draft lose, and the lookup has nothing
-    better, the step is plain ("plain": the draft keeps its k for the steps it runs). A chain is deterministic: under
-    sampling its q is one-hot, so the speculative sampling rule keeps the target's distribution; the tree of both is
-    proposed under greedy decoding only, as the draft's sampled chain needs its q. ``source``: what proposed last
-    ("lookup", "fallback", "both" or "plain")."""
+    continuation, at most ``lookup_length`` tokens, cut where the rest is not worth its verification, ``_chain_length``,
+    or where it has no match a guess, ``PromptLookupProposer.chain``; shorter rows padded with their last token; the
+    draft does not run); ``fallback``'s proposal of ``fallback_k`` tokens alone; or, under greedy decoding, both as one
+    tree per row (``_union``: the draft's chain, and the lookup's continuation branching off where it differs), whose
+    longest accepted path wins (``LookupAndDraftSchedule`` sets both lengths each step; the loop's k is their maximum).
+    The one chosen brings tokens fastest: E / T, E = 1 + s_1 + s_2 + ... from the acceptance by position each source has
+    realised (the lookup's by its match's length, ``MatchSurvival``, kept across calls; the draft's this call's recent
+    steps, ``fallback_survival``, as a draft's acceptance follows the text: high in a math answer, low in a story, after
+    a prior of two steps at the pair's record across calls, ``pooled_survival``; each E one standard error optimistic
+    (``PositionSurvival.expected``), so that a match class the draft outbids at its prior gets tried; the lookup's
+    scaled by the share of its pooled promise that this call's lookup steps brought, ``lookup_yield``: in an answer that
+    does not repeat its prompt, short matches fail step after step where the pooled record says they copy; for both, the
+    draft's E and what the lookup's branch adds beyond it, position i surviving where either does as if independent,
+    that addition scaled by the share of it this call's steps of both realised, ``both_yield``: where the two agree, as
+    in an answer whose every token the draft foresees, the branch adds nothing and the tree is only wider), T = the
+    proposer's measured time a step (the draft's exclude its catch-up; the pair's, kept across calls: a call that
+    started from none took the draft at no cost until it ran) + the target's verification of the step's width
+    (``costs``, the pair's: measured by width, interpolated between, flat beyond). A proposer that runs the draft also
+    pays the draft's catch-up on the tokens its cache lacks (``costs.catch_up_token`` a token, the pair's: measured on
+    the draft's first step of a call, the prompt), spread over the tokens the draft should serve
+    (``_draft_tokens_ahead``): it is paid once, and the tokens the draft proposes after it gain from it; as it is paid
+    in full before any of them is judged, the draft is weighed there at its mean acceptance, not the optimistic one (as
+    ``AutoLength`` weighs a catch-up); how many the call should still make is what earlier calls made beyond this point
+    (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer records each call's length: a
+    RAG answer stops long before ``max_new_tokens``), or what it may still make where no earlier call went this far.
+    Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is plain ("plain": the
+    draft keeps its k for the steps it runs). A chain is deterministic: under sampling its q is one-hot, so the
+    speculative sampling rule keeps the target's distribution; the tree of both is proposed under greedy decoding only,
+    as the draft's sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback", "both" or
+    "plain")."""
 
     hidden_layers = ()
 
@@ -119,7 +121,8 @@ class LookupAndDraftProposer:
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         length = min(self.lookup_length, k)
-        matched = self.lookup.chain(rows, length, max_depth) if length > 0 else [None] * len(rows)
+        matched = (self.lookup.chain(rows, length, max_depth, length_for=self._chain_length) if length > 0
+                   else [None] * len(rows))
         fallback_k = min(self.fallback_k, k, max_depth)
         covered = getattr(self.fallback, "covered", None)  # a draft model's: the committed tokens its cache holds
         self.lacking = 0 if covered is None else max(row.shape[1] - held for row, held in zip(rows, covered))
@@ -221,6 +224,21 @@ class LookupAndDraftProposer:
             return [(share if length else 1.0) * s for s in _position_rates(expected)]
 
         return [chain_rates(length, chain) for length, chain in live]
+
+    def _chain_length(self, match_length: int, found: int) -> int:
+        """How many of the ``found`` tokens of a match's continuation to propose: the n that brings the lookup's tokens
+        fastest, E(n) / T(n), E as the choice prices a chain (its class's, one standard error optimistic, scaled by
+        ``lookup_yield``), T the lookup's time and the verification of n + 1 tokens (as ``_seconds``: with none
+        measured, every n costs the same and the whole continuation is proposed). A class whose first tokens are
+        seldom right is not worth a wide verification for its later ones: as the lookup alone sizes a match
+        (``AutoLookup.nodes_for``), not ``prompt_lookup_num_tokens`` every step (on a summary, 18 steps of the
+        hybrid's lookup verified 10-token chains in 7.2 s, the lookup alone its 1-9 in 6.4 s)."""
+        if match_length == 0 or found <= 1:
+            return found
+        share = self.lookup_yield.share()
+        expected = self.lookup.survival[match_length].expected(found, optimistic=True)
+        return max(range(1, found + 1),
+                   key=lambda n: (1 + share * (expected[n] - 1)) / self._seconds("lookup", n + 1))
 
     def _lookup_promise(self, match_length: int, nodes: int) -> float:
         """The tokens of a chain of ``nodes`` the pooled record expects accepted (its mean, for ``lookup_yield``)."""

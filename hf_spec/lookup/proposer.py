@@ -79,12 +79,13 @@ class PromptLookupProposer:
         self.source = _source(self.proposed)
         return trie_proposal(tries, rows[0].device, do_sample)[0]
 
-    def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int) -> list[tuple[int, list[int]] | None]:
+    def chain(self, rows: list[torch.LongTensor], k: int, max_depth: int,
+              length_for: Callable[[int, int], int] | None = None) -> list[tuple[int, list[int]] | None]:
         """Each row's best match's length and continuation, at most k tokens (or what ``sizing`` gives) and
-        ``max_depth`` deep, or, for a row with no match, length 0 and one guess (the text's most frequent token)
-        where k and ``max_depth`` allow one: a chain, for a proposer beside the lookup to weigh against its own (a
-        guess against a plain step too; ``advance`` learns from it as from a proposal); None for a row that has
-        finished."""
+        ``max_depth`` deep, cut to ``length_for(match length, tokens found)`` tokens where given, or, for a row with
+        no match, length 0 and one guess (the text's most frequent token) where k and ``max_depth`` allow one: a
+        chain, for a proposer beside the lookup to weigh against its own (a guess against a plain step too;
+        ``advance`` learns from it as from a proposal); None for a row that has finished."""
         depth = min(self.num_tokens, max_depth)
         chains = []
         for r, (text, matches) in enumerate(self._matches(rows)):
@@ -93,7 +94,10 @@ class PromptLookupProposer:
             elif matches:
                 position = matches[0][1]
                 budget = min(self._budget(matches, k), depth)
-                chains.append((matches[0][0], text[position + 1 : position + 1 + budget].tolist()))
+                continuation = text[position + 1 : position + 1 + budget].tolist()
+                if length_for is not None:
+                    continuation = continuation[: length_for(matches[0][0], len(continuation))]
+                chains.append((matches[0][0], continuation))
             else:
                 chains.append((0, [most_frequent_token(text)] if min(k, depth) > 0 and len(text) else []))
             self.proposed[r] = (0, 0) if chains[-1] is None else (chains[-1][0], len(chains[-1][1]))
