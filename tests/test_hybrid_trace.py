@@ -19,4 +19,6 @@ def test_each_step_is_written_with_its_choice_and_what_it_kept(target, drafts, t
     assert lines[0] == "call max_new_tokens=24"
     assert chosen == Counter(stats.sources) and sum(chosen.values()) == stats.steps
     assert sum(line.startswith("  kept") for line in lines) == stats.steps
+    priced = [line for line in lines if " optimistic: " in line]  # the steps the draft's schedule did not make plain
+    assert priced and all(" mean: " in line and " count: " in line for line in priced)
     assert LookupAndDraftProposer._choose is choose  # restored

@@ -30,13 +30,8 @@ def trace(log: TextIO) -> Iterator[None]:
         start(self, max_new_tokens)
 
     def traced_choose(self, live, fallback_k: int, both: bool) -> str:
-        judged = ""
-        if fallback_k:  # as ``_choose`` weighs them (it returns before pricing the draft when k is 0)
-            optimistic = self._seconds_a_token(live, fallback_k, both, optimistic=True)
-            at_mean = self._seconds_a_token(live, fallback_k, both, optimistic=False)
-            counted = self._seconds_a_token(live, fallback_k, both, optimistic=False, lookup_upper=True)
-            judged = f" optimistic: {_rounded(optimistic)} mean: {_rounded(at_mean)} count: {_rounded(counted)}"
         source = choose(self, live, fallback_k, both)
+        judged = "".join(f" {name}: {_rounded(per_token)}" for name, per_token in self.prices.items())
         # after the choice has counted this step, as ``_choose`` spreads the catch-up
         spread = self._catch_up_seconds() / self._draft_tokens_ahead() if fallback_k else 0.0
         made = self.max_new_tokens - self.tokens_left

@@ -106,6 +106,9 @@ class LookupAndDraftProposer:
         self.max_new_tokens, self.tokens_left = 1, 1  # what the call may make, and still make (``start``)
         self.steps_judged, self.draft_wanted = 0, 0  # this call's steps, and those the draft was the fastest for
         self.lacking = 0  # the tokens the draft's cache lacked at the last step (its catch-up when it ran)
+        # what the last step's choice weighed, each source's seconds a token: "optimistic", at the "mean", and as the
+        # draft's catch-up "count"s the step (empty where the draft's schedule said plain), for reading a trace
+        self.prices: dict[str, dict[str, float]] = {}
         self.lookup_yield = CallYield()  # this call's lookup steps: tokens brought against the pooled promise
         self.both_yield = CallYield()  # this call's steps of both: tokens beyond the draft's chain against the promise
         self.both_promise = 0.0  # what the last step of both promised beyond the draft's chain
@@ -159,6 +162,7 @@ class LookupAndDraftProposer:
         (``PositionSurvival.upper``), so a step counts for the draft only where it beats the lookup at its best.
         (With the lookup's E one standard error up there too, the draft caught up on summarization's and RAG's long
         prompts for steps the lookup served: 0.81x the lookup there, against 0.92x-0.93x.)"""
+        self.prices = {}
         if fallback_k == 0:  # the draft's schedule says plain: the lookup's chains where every row has one that pays
             if not (live and all(chain for _, chain in live)):
                 return "plain"
@@ -166,9 +170,10 @@ class LookupAndDraftProposer:
             return "lookup" if self._guess_pays(live, lookup) else "plain"
         per_token = self._seconds_a_token(live, fallback_k, both, optimistic=True)
         at_mean = self._seconds_a_token(live, fallback_k, both, optimistic=False)
+        counted = self._seconds_a_token(live, fallback_k, both, optimistic=False, lookup_upper=True)
+        self.prices = {"optimistic": dict(per_token), "mean": at_mean, "count": counted}
         self.steps_judged += 1
-        self.draft_wanted += _fastest(self._seconds_a_token(live, fallback_k, both, optimistic=False,
-                                                            lookup_upper=True)) in DRAFT_SOURCES
+        self.draft_wanted += _fastest(counted) in DRAFT_SOURCES
         catch_up = self._catch_up_seconds()
         if catch_up > 0:
             spread = catch_up / self._draft_tokens_ahead()
