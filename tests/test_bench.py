@@ -103,8 +103,8 @@ def test_mode_names():
         "vanilla", "vanilla-again", "draft@3", "draft@8", "parallel@3", "parallel@8"]
     assert mode_names(["vanilla", "auto"], [3]) == ["vanilla", "vanilla-again", "auto"]
     assert mode_names(["vanilla", "eagle"], [3]) == ["vanilla", "vanilla-again", "eagle"]
-    assert mode_names(["vanilla", "hf-lookup", "lookup", "draft+lookup"], [3]) == [
-        "vanilla", "vanilla-again", "hf-lookup", "lookup", "draft+lookup@3"]
+    assert mode_names(["vanilla", "hf-lookup", "lookup", "draft+lookup", "auto+lookup"], [3]) == [
+        "vanilla", "vanilla-again", "hf-lookup", "lookup", "draft+lookup@3", "auto+lookup"]
     with pytest.raises(ValueError, match="Unknown mode 'lookahead'"):
         mode_names(["vanilla", "lookahead"], [3])
 
@@ -152,14 +152,15 @@ def test_chain_and_parallel_rows_with_one_draft(tmp_path):
 def test_lookup_modes_end_to_end(tmp_path):
     target = tiny_causal_lm(hidden_size=64, num_layers=2)
     run_bench(Contenders(target, perturbed_draft(target, 0.1)), char_tokenizer(),
-              prompts=load_prompts(per_category=1, limit=2), modes=["vanilla", "hf-lookup", "lookup", "draft+lookup"],
+              prompts=load_prompts(per_category=1, limit=2), modes=["vanilla", "hf-lookup", "lookup", "draft+lookup",
+                                                                     "auto+lookup"],
               ks=[2], max_new_tokens=12, progress=False, print_fn=lambda *_: None, json_path=tmp_path / "bench.json")
     report = json.loads((tmp_path / "bench.json").read_text())
     overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
-    assert set(overall) == {"vanilla", "vanilla-again", "hf-lookup", "lookup", "draft+lookup@2"}
+    assert set(overall) == {"vanilla", "vanilla-again", "hf-lookup", "lookup", "draft+lookup@2", "auto+lookup"}
     assert all(row["equal_to_vanilla"] == 1.0 for row in overall.values())
     strategies = {run["mode"]: run["stats"]["strategy"] for run in report["runs"] if run["stats"]}
-    assert strategies == {"lookup": "prompt_lookup", "draft+lookup@2": "draft+lookup"}
+    assert strategies == {"lookup": "prompt_lookup", "draft+lookup@2": "draft+lookup", "auto+lookup": "draft+lookup"}
 
 
 def test_simulate_cli(capsys):

@@ -8,7 +8,8 @@ precision with its whole vocabulary), ``parallel@k`` (the same draft proposing k
 one forward: ``parallel_draft=True``, a draft with ``pard_token``), ``auto`` and ``stepwise``
 (num_speculative_tokens="auto" / "stepwise"; a parallel draft proposes in parallel), ``medusa`` and ``eagle``;
 ``hf-lookup`` (transformers' prompt lookup, ``prompt_lookup_num_tokens=10``), ``lookup`` (strategy="prompt_lookup",
-"auto" nodes) and ``draft+lookup@k`` (the draft at k beside prompt lookup).
+"auto" nodes), ``draft+lookup@k`` (the draft at k beside prompt lookup) and ``auto+lookup`` (the draft's "auto"
+beside prompt lookup, the lookup's chain sized by its "auto" too).
 """
 from __future__ import annotations
 
@@ -72,11 +73,11 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += [f"{mode}~{alpha}" for alpha in alphas]
         elif mode in ("assisted", "draft", "draft-full", "parallel", "draft+lookup"):
             names += [f"{mode}@{k}" for k in ks]
-        elif mode in ("medusa", "eagle", "auto", "stepwise", "hf-lookup", "lookup"):
+        elif mode in ("medusa", "eagle", "auto", "stepwise", "hf-lookup", "lookup", "auto+lookup"):
             names.append(mode)
         else:
             raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, draft-full, parallel, auto, "
-                             "stepwise, medusa, eagle, hf-lookup, lookup, draft+lookup.")
+                             "stepwise, medusa, eagle, hf-lookup, lookup, draft+lookup, auto+lookup.")
     if "vanilla" not in names:
         raise ValueError("--modes must include vanilla: every speedup is measured against it.")
     return names
@@ -119,9 +120,9 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     elif mode == "eagle":
         kwargs.update(strategy="eagle", eagle_model=contenders.eagle_model, tree=contenders.eagle_tree,
                       num_speculative_tokens=contenders.eagle_nodes, draft_vocab_size=contenders.eagle_vocab_size)
-    elif mode in ("auto", "stepwise"):
-        kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=mode,
-                      draft_vocab_size=contenders.draft_vocab_size)
+    elif mode in ("auto", "stepwise", "auto+lookup"):
+        kwargs.update(strategy="draft", draft_model=contenders.draft, draft_vocab_size=contenders.draft_vocab_size,
+                      num_speculative_tokens=mode.removesuffix("+lookup"), prompt_lookup=mode == "auto+lookup")
     start = time.perf_counter()
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start

@@ -17,7 +17,7 @@ from ..prompts import load_prompts
 
 NAME = "bench"
 HELP = "tokens/s against plain generate() and assisted generation"
-DRAFT_MODES = ("assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft+lookup")
+DRAFT_MODES = ("assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft+lookup", "auto+lookup")
 SYNTHETIC_MODES = ("vanilla", "draft", "auto", "eagle", "medusa")  # what --synthetic builds random models for
 
 
@@ -113,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--modes", type=modes,
                         help="any of vanilla, assisted, draft, draft-full, parallel, auto, stepwise, medusa, eagle, "
-                             "hf-lookup, lookup, draft+lookup (vanilla among them; default vanilla,assisted,draft; "
+                             "hf-lookup, lookup, draft+lookup, auto+lookup (vanilla among them; default vanilla,assisted,draft; "
                              "--synthetic runs vanilla,draft (its default), auto, eagle, medusa); draft@k runs the draft as "
                              "a chain in the form --draft-quantization/--draft-vocab-size set, draft-full@k the same "
                              "draft in full precision, parallel@k a parallel draft (pard_token in its config) "
