@@ -338,6 +338,46 @@ def test_the_draft_pays_its_catch_up_spread_over_the_tokens_it_should_serve():
     assert proposer._choose([], 3, both=True) == "fallback"
 
 
+def test_beside_an_auto_draft_a_step_its_schedule_sizes_is_not_made_plain():
+    """With num_speculative_tokens="auto" the draft's schedule has weighed the step, the draft's catch-up included,
+    against plain decoding (``AutoLength``: a probe where only its optimism says the draft could pay): the hybrid
+    chooses among its sources and does not make the step plain at the draft's mean (in float32 it did at every step,
+    and the draft never ran: math 0.96x against "auto" alone's 1.23x). The lookup still wins where it is faster."""
+    proposer = _good_draft_beside_lookup()  # three tokens a step
+    proposer.costs.verify = {1: 0.20, 4: 0.21, 14: 0.23}
+    proposer.propose_seconds = {"draft": 0.06}
+    proposer.costs.catch_up_token = 0.002
+    proposer.lacking, proposer.tokens_left = 1000, 8  # + 0.5 s a token: a fixed k's step is made plain
+    assert proposer._choose([], 3, both=True) == "plain"
+    proposer.fallback_weighs_plain = True
+    assert proposer._choose([], 3, both=True) == "fallback"
+    for _ in range(100):
+        proposer.lookup.survival[2].observe(10, 1)  # two tokens a step for V(11) = 0.224 s
+    assert proposer._choose([(2, list(range(10)))], 3, both=True) == "lookup"
+
+
+def test_the_hybrids_auto_runs_the_draft_where_its_schedule_says_a_step_pays(target, drafts, tokenizer, monkeypatch):
+    """End to end, num_speculative_tokens="auto": a step the draft's schedule sizes above 0 runs the draft (or the
+    lookup), whatever the draft's catch-up costs, as "auto" alone would; greedy output unchanged."""
+    from hf_spec.engine.auto import AutoLength
+    from hf_spec.engine.memory import pair_memory
+
+    draft = drafts["partly"]
+    pair_memory(target, draft).costs.catch_up_token = 10.0  # a catch-up the hybrid's own pricing would never pay
+    monkeypatch.setattr(AutoLength, "best_k", lambda self: 3)  # the schedule says every step pays,
+    monkeypatch.setattr(AutoLength, "worth_catching_up", lambda self: True)  # its catch-up included
+    steps, advance = [], LookupAndDraftProposer.advance
+    monkeypatch.setattr(LookupAndDraftProposer, "advance",
+                        lambda self, *args: (steps.append((self.fallback_k, self.source)), advance(self, *args)))
+    inputs = tokenizer("abcabcabc xyz", return_tensors="pt")
+    expected = target.generate(**inputs, max_new_tokens=20, do_sample=False)
+    out = target.generate(**inputs, max_new_tokens=20, do_sample=False, strategy="draft", draft_model=draft,
+                          num_speculative_tokens="auto", prompt_lookup=True)
+    assert torch.equal(out, expected)
+    sized = [source for k, source in steps if k > 0]
+    assert sized and "plain" not in sized
+
+
 def test_a_catch_up_is_weighed_at_the_drafts_mean_acceptance_which_starts_from_the_pairs_record():
     """A catch-up is paid in full before any of the draft's proposals is judged: it is weighed at the draft's mean
     acceptance, not at the optimism that gets an untried source tried. A call's record starts from the pair's

@@ -47,6 +47,7 @@ def beside_prompt_lookup(fallback: Proposer, fallback_schedule: Schedule, call, 
     recorded = getattr(fallback_schedule, "lengths", None)  # an "auto" schedule keeps the answers' lengths itself
     proposer = LookupAndDraftProposer(lookup, fallback, vocab_size, costs=shared or memory.costs,
                                       lengths=recorded or memory.answer_lengths, records_lengths=recorded is None,
+                                      fallback_weighs_plain=num_speculative_tokens == "auto",
                                       pooled_survival=memory.fallback_survival,
                                       propose_seconds=memory.propose_seconds)
     return proposer, LookupAndDraftSchedule(proposer, schedule, fallback_schedule)
@@ -80,7 +81,10 @@ class LookupAndDraftProposer:
     (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer records each call's length: a
     RAG answer stops long before ``max_new_tokens``), or what it may still make where no earlier call went this far.
     Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is plain ("plain": the
-    draft keeps its k for the steps it runs). A chain is deterministic: under sampling its q is one-hot, so the
+    draft keeps its k for the steps it runs), unless the draft's schedule weighs plain decoding itself
+    (``fallback_weighs_plain``, "auto": its k > 0 already says the step, catch-up included, pays or is a probe worth
+    its cost; made plain at the draft's mean here, in float32 the draft never ran: math 0.96x against "auto" alone's
+    1.23x). A chain is deterministic: under sampling its q is one-hot, so the
     speculative sampling rule keeps the target's distribution; the tree of both is proposed under greedy decoding only,
     as the draft's sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback", "both" or
     "plain")."""
@@ -90,8 +94,12 @@ class LookupAndDraftProposer:
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
                  fallback_survival: PositionSurvival | None = None, costs: Costs | None = None,
                  lengths: AnswerLengths | None = None, records_lengths: bool = False,
-                 pooled_survival: PositionSurvival | None = None, propose_seconds: dict[str, float] | None = None):
+                 pooled_survival: PositionSurvival | None = None, propose_seconds: dict[str, float] | None = None,
+                 fallback_weighs_plain: bool = False):
         self.lookup, self.fallback, self.vocab_size = lookup, fallback, vocab_size
+        # the fallback's schedule weighs its steps, the draft's catch-up included, against plain decoding itself
+        # ("auto": ``AutoLength``, which probes where only its optimism says the draft could pay)
+        self.fallback_weighs_plain = fallback_weighs_plain
         self.name = f"{fallback.name}+lookup"
         self.pooled_survival = pooled_survival  # the draft's acceptance by position across calls (the pair's)
         self.fallback_survival = fallback_survival or PositionSurvival(memory=FALLBACK_MEMORY, after=pooled_survival)
@@ -152,7 +160,8 @@ class LookupAndDraftProposer:
         """"lookup", "both", "fallback" or "plain", the fastest in seconds a token: T / E, and for a proposer that
         runs the draft its catch-up spread over the tokens it should serve (``_draft_tokens_ahead``; ties: in that
         order; times not yet measured: as ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto"
-        sizing has already judged its matches; plain steps are weighed only where the draft must catch up. A row with
+        sizing has already judged its matches; plain steps are weighed only where the draft must catch up and its
+        schedule does not weigh plain decoding itself (``fallback_weighs_plain``). A row with
         no match has a guess (``PromptLookupProposer.chain``): the lookup alone is a choice there only where it is
         faster than a plain step (rarely right, a guess pays only where verifying two tokens is faster than one, as in
         bf16 on a CPU with native bf16). The draft's
@@ -180,7 +189,7 @@ class LookupAndDraftProposer:
             per_token.update({source: at_mean[source] + spread for source in DRAFT_SOURCES if source in at_mean})
         if "lookup" in per_token and not self._guess_pays(live, per_token["lookup"]):
             del per_token["lookup"]
-        if catch_up > 0 and self.costs.verify:
+        if catch_up > 0 and self.costs.verify and not self.fallback_weighs_plain:
             per_token["plain"] = self.costs.verify_cost(1)
         choice = _fastest(per_token)
         if choice == "both":
