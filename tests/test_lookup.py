@@ -366,9 +366,13 @@ def test_the_hybrids_auto_runs_the_draft_where_its_schedule_says_a_step_pays(tar
     pair_memory(target, draft).costs.catch_up_token = 10.0  # a catch-up the hybrid's own pricing would never pay
     monkeypatch.setattr(AutoLength, "best_k", lambda self: 3)  # the schedule says every step pays,
     monkeypatch.setattr(AutoLength, "worth_catching_up", lambda self: True)  # its catch-up included
-    steps, advance = [], LookupAndDraftProposer.advance
-    monkeypatch.setattr(LookupAndDraftProposer, "advance",
-                        lambda self, *args: (steps.append((self.fallback_k, self.source)), advance(self, *args)))
+    steps, choose = [], LookupAndDraftProposer._choose
+
+    def recorded_choose(self, live, fallback_k: int, both: bool) -> str:
+        steps.append((fallback_k, choose(self, live, fallback_k, both)))  # the draft's k as offered to the choice:
+        return steps[-1][1]  # the schedule's, within what is left to generate
+
+    monkeypatch.setattr(LookupAndDraftProposer, "_choose", recorded_choose)
     inputs = tokenizer("abcabcabc xyz", return_tensors="pt")
     expected = target.generate(**inputs, max_new_tokens=20, do_sample=False)
     out = target.generate(**inputs, max_new_tokens=20, do_sample=False, strategy="draft", draft_model=draft,
