@@ -24,6 +24,8 @@ from ..engine.stats import last_stats
 from ..prompts import Prompt
 from .near_tie import first_differences
 
+MODES = ("vanilla", "assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "medusa", "eagle", "hf-lookup",
+         "lookup", "draft+lookup", "auto+lookup")  # what --modes takes (``mode_names``)
 HF_LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens (and the default of strategy="prompt_lookup")
 
 
@@ -76,8 +78,7 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
         elif mode in ("medusa", "eagle", "auto", "stepwise", "hf-lookup", "lookup", "auto+lookup"):
             names.append(mode)
         else:
-            raise ValueError(f"Unknown mode {mode!r}: choose from vanilla, assisted, draft, draft-full, parallel, auto, "
-                             "stepwise, medusa, eagle, hf-lookup, lookup, draft+lookup, auto+lookup.")
+            raise ValueError(f"Unknown mode {mode!r}: choose from {', '.join(MODES)}.")
     if "vanilla" not in names:
         raise ValueError("--modes must include vanilla: every speedup is measured against it.")
     return names

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..arguments import (add_dtype_option, input_file, k_list, model_source, non_negative_int, output_file,
                          path_action, positive_float, positive_int, probability_list, resolve_dtype_option)
+from ..bench.run import MODES, mode_names
 from ..prompts import load_prompts
 
 NAME = "bench"
@@ -25,8 +26,6 @@ SYNTHETIC_MODES = ("vanilla", "draft", "auto", "eagle", "medusa")  # what --synt
 
 def modes(text: str) -> list[str]:
     """``--modes``: the known modes (``hf_spec.bench.run.mode_names``), vanilla among them."""
-    from ..bench.run import mode_names
-
     names = [mode.strip() for mode in str(text).split(",")]
     try:
         mode_names(names, [1])
@@ -112,8 +111,7 @@ def eagle_tree_value(text: str):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--modes", type=modes,
-                        help="any of vanilla, assisted, draft, draft-full, parallel, auto, stepwise, medusa, eagle, "
-                             "hf-lookup, lookup, draft+lookup, auto+lookup (vanilla among them; default vanilla,assisted,draft; "
+                        help=f"any of {', '.join(MODES)} (vanilla among them; default vanilla,assisted,draft; "
                              "--synthetic runs vanilla,draft (its default), auto, eagle, medusa); draft@k runs the draft as "
                              "a chain in the form --draft-quantization/--draft-vocab-size set, draft-full@k the same "
                              "draft in full precision, parallel@k a parallel draft (pard_token in its config) "

@@ -84,9 +84,9 @@ class LookupAndDraftProposer:
     draft keeps its k for the steps it runs), unless the draft's schedule weighs plain decoding itself
     (``fallback_weighs_plain``, "auto": its k > 0 already says the step, catch-up included, pays or is a probe worth
     its cost; made plain at the draft's mean here, in float32 the draft never ran: math 0.96x against "auto" alone's
-    1.23x). A chain is deterministic: under sampling its q is one-hot, so the
-    speculative sampling rule keeps the target's distribution; the tree of both is proposed under greedy decoding only,
-    as the draft's sampled chain needs its q. ``source``: what proposed last ("lookup", "fallback", "both" or
+    1.23x). A chain is deterministic: under sampling its q is one-hot, so the speculative sampling rule keeps the
+    target's distribution; the tree of both is proposed under greedy decoding only, as the draft's sampled chain
+    needs its q. ``source``: what proposed last ("lookup", "fallback", "both" or
     "plain")."""
 
     hidden_layers = ()
@@ -157,17 +157,16 @@ class LookupAndDraftProposer:
         return proposal
 
     def _choose(self, live: list[tuple[int, list[int]]], fallback_k: int, both: bool) -> str:
-        """"lookup", "both", "fallback" or "plain", the fastest in seconds a token: T / E, and for a proposer that
-        runs the draft its catch-up spread over the tokens it should serve (``_draft_tokens_ahead``; ties: in that
-        order; times not yet measured: as ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto"
-        sizing has already judged its matches; plain steps are weighed only where the draft must catch up and its
-        schedule does not weigh plain decoding itself (``fallback_weighs_plain``). A row with
-        no match has a guess (``PromptLookupProposer.chain``): the lookup alone is a choice there only where it is
-        faster than a plain step (rarely right, a guess pays only where verifying two tokens is faster than one, as in
-        bf16 on a CPU with native bf16). The draft's
-        proposals are taken one standard error optimistic, but where it must catch up (a cost paid before any of
-        them is judged) and in counting the steps it should serve (the evidence the catch-up is paid on), at their
-        mean; in that count the lookup's chain is taken at the most each of its positions could bring
+        """"lookup", "both", "fallback" or "plain", the fastest in seconds a token: T / E, and for a proposer that runs
+        the draft its catch-up spread over the tokens it should serve (``_draft_tokens_ahead``; ties: in that order;
+        times not yet measured: as ``_seconds`` says). Against plain decoding (k = 0) the lookup's "auto" sizing has
+        already judged its matches; plain steps are weighed only where the draft must catch up and its schedule does not
+        weigh plain decoding itself (``fallback_weighs_plain``). A row with no match has a guess
+        (``PromptLookupProposer.chain``): the lookup alone is a choice there only where it is faster than a plain step
+        (rarely right, a guess pays only where verifying two tokens is faster than one, as in bf16 on a CPU with native
+        bf16). The draft's proposals are taken one standard error optimistic, but where it must catch up (a cost paid
+        before any of them is judged) and in counting the steps it should serve (the evidence the catch-up is paid on),
+        at their mean; in that count the lookup's chain is taken at the most each of its positions could bring
         (``PositionSurvival.upper``), so a step counts for the draft only where it beats the lookup at its best.
         (With the lookup's E one standard error up there too, the draft caught up on summarization's and RAG's long
         prompts for steps the lookup served: 0.81x the lookup there, against 0.92x-0.93x.)"""
