@@ -356,6 +356,38 @@ def test_beside_an_auto_draft_a_step_its_schedule_sizes_is_not_made_plain():
     assert proposer._choose([(2, list(range(10)))], 3, both=True) == "lookup"
 
 
+def test_beside_an_auto_draft_a_draft_that_must_catch_up_is_weighed_optimistically_against_a_guess():
+    """With "auto" the draft's schedule has judged its catch-up worth paying, so the hybrid weighs the draft one
+    standard error up there too, catch-up still spread: at its mean, from a record of calls whose text suited it less
+    (about 40%), it cost as much as a guess, the guess won by a hair every step and the draft never ran to show that
+    this call suits it (bfloat16, math: 1.44x against "auto" alone's 2.89x). A fixed k keeps the mean (plain decoding
+    is its option there), and a catch-up that costs more than the draft could gain still loses."""
+    pooled = PositionSurvival()
+    for accepted in [0, 1, 2] * 50:
+        pooled.observe(3, accepted)  # the pair's record across calls: 1 of 3 a step
+    lookup = PromptLookupProposer(None, survival=MatchSurvival())
+    for _ in range(100):
+        lookup.survival.guess().observe(1, 0)  # a guess brings its one token: V(2) = 0.19 s a token
+    draft = type("Draft", (), {"name": "draft", "advance": lambda self, accepted, hidden: None})()
+
+    def new_call(weighs_plain: bool) -> LookupAndDraftProposer:
+        proposer = LookupAndDraftProposer(lookup, draft, 16, pooled_survival=pooled,
+                                          fallback_weighs_plain=weighs_plain)
+        proposer.costs.verify = {1: 0.20, 2: 0.19, 4: 0.21}
+        proposer.costs.catch_up_token = 0.0005
+        proposer.propose_seconds = {"draft": 0.17}  # (0.17 + 0.21) / E(3): 0.19 s a token at the mean, 0.15 up
+        proposer.start(64)
+        proposer.lacking = 61  # + 0.0005 x 60 = 0.03 s: the draft is not yet the fastest at its mean, so it is all
+        return proposer
+
+    assert new_call(weighs_plain=False)._choose([(0, [5])], 3, both=False) == "lookup"
+    proposer = new_call(weighs_plain=True)
+    assert proposer._choose([(0, [5])], 3, both=False) == "fallback"
+    assert proposer.prices["optimistic"]["fallback"] < proposer.prices["mean"]["fallback"]
+    proposer.lacking = 1001  # a long prompt's catch-up (0.5 s) against a guess: still not worth it
+    assert proposer._choose([(0, [5])], 3, both=False) == "lookup"
+
+
 def test_the_hybrids_auto_runs_the_draft_where_its_schedule_says_a_step_pays(target, drafts, tokenizer, monkeypatch):
     """End to end, num_speculative_tokens="auto": a step the draft's schedule sizes above 0 runs the draft (or the
     lookup), whatever the draft's catch-up costs, as "auto" alone would; greedy output unchanged."""

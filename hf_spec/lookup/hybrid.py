@@ -77,7 +77,9 @@ class LookupAndDraftProposer:
     the draft's first step of a call, the prompt), spread over the tokens the draft should serve
     (``_draft_tokens_ahead``): it is paid once, and the tokens the draft proposes after it gain from it; as it is paid
     in full before any of them is judged, the draft is weighed there at its mean acceptance, not the optimistic one (as
-    ``AutoLength`` weighs a catch-up); how many the call should still make is what earlier calls made beyond this point
+    ``AutoLength`` weighs a catch-up), unless its schedule has judged the catch-up itself (``fallback_weighs_plain``:
+    at its mean, from calls whose text suited it less, it lost to a guess by a hair every step and never ran, math
+    1.44x against "auto" alone's 2.89x); how many the call should still make is what earlier calls made beyond this point
     (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer records each call's length: a
     RAG answer stops long before ``max_new_tokens``), or what it may still make where no earlier call went this far.
     Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is plain ("plain": the
@@ -165,8 +167,8 @@ class LookupAndDraftProposer:
         (``PromptLookupProposer.chain``): the lookup alone is a choice there only where it is faster than a plain step
         (rarely right, a guess pays only where verifying two tokens is faster than one, as in bf16 on a CPU with native
         bf16). The draft's proposals are taken one standard error optimistic, but where it must catch up (a cost paid
-        before any of them is judged) and in counting the steps it should serve (the evidence the catch-up is paid on),
-        at their mean; in that count the lookup's chain is taken at the most each of its positions could bring
+        before any of them is judged; unless its schedule weighed that catch-up, ``fallback_weighs_plain``) and in
+        counting the steps it should serve (the evidence the catch-up is paid on), at their mean; in that count the lookup's chain is taken at the most each of its positions could bring
         (``PositionSurvival.upper``), so a step counts for the draft only where it beats the lookup at its best.
         (With the lookup's E one standard error up there too, the draft caught up on summarization's and RAG's long
         prompts for steps the lookup served: 0.81x the lookup there, against 0.92x-0.93x.)"""
@@ -185,7 +187,10 @@ class LookupAndDraftProposer:
         catch_up = self._catch_up_seconds()
         if catch_up > 0:
             spread = catch_up / self._draft_tokens_ahead()
-            per_token.update({source: at_mean[source] + spread for source in DRAFT_SOURCES if source in at_mean})
+            # a fixed k's draft is weighed at its mean, as plain decoding is an option; "auto"'s schedule has judged
+            # the catch-up worth paying, and a draft weighed at its mean against a guess may never run again
+            weighed = per_token if self.fallback_weighs_plain else at_mean
+            per_token.update({source: weighed[source] + spread for source in DRAFT_SOURCES if source in weighed})
         if "lookup" in per_token and not self._guess_pays(live, per_token["lookup"]):
             del per_token["lookup"]
         if catch_up > 0 and self.costs.verify and not self.fallback_weighs_plain:
