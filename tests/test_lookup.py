@@ -194,6 +194,11 @@ def _good_draft_beside_lookup() -> LookupAndDraftProposer:
     return LookupAndDraftProposer(PromptLookupProposer(None, survival=MatchSurvival()), draft, 16, draft_survival)
 
 
+def _listening_draft():
+    """A stand-in for the draft beside the lookup: a name, and ``advance`` to hear what was kept."""
+    return type("Draft", (), {"name": "draft", "advance": lambda self, accepted, hidden: None})()
+
+
 def test_the_hybrid_tries_a_match_class_it_has_not_seen_even_against_a_good_draft():
     """The choice between proposers observes only the one it picks: an unseen lookup class is taken at its
     optimistic estimate (else a draft that outbids the prior would starve it), a class seen to fail is not. Where
@@ -368,7 +373,7 @@ def test_beside_an_auto_draft_a_draft_that_must_catch_up_is_weighed_optimistical
     lookup = PromptLookupProposer(None, survival=MatchSurvival())
     for _ in range(100):
         lookup.survival.guess().observe(1, 0)  # a guess brings its one token: V(2) = 0.19 s a token
-    draft = type("Draft", (), {"name": "draft", "advance": lambda self, accepted, hidden: None})()
+    draft = _listening_draft()
 
     def new_call(weighs_plain: bool) -> LookupAndDraftProposer:
         proposer = LookupAndDraftProposer(lookup, draft, 16, pooled_survival=pooled,
@@ -377,8 +382,8 @@ def test_beside_an_auto_draft_a_draft_that_must_catch_up_is_weighed_optimistical
         proposer.costs.catch_up_token = 0.0005
         proposer.propose_seconds = {"draft": 0.17}  # (0.17 + 0.21) / E(3): 0.19 s a token at the mean, 0.15 up
         proposer.start(64)
-        proposer.lacking = 61  # + 0.0005 x 60 = 0.03 s: the draft is not yet the fastest at its mean, so it is all
-        return proposer
+        proposer.lacking = 61  # 0.0005 x 60 = 0.03 s, all of it on this step's token: no step has counted for the
+        return proposer  # draft yet, as at its mean it is not the fastest
 
     assert new_call(weighs_plain=False)._choose([(0, [5])], 3, both=False) == "lookup"
     proposer = new_call(weighs_plain=True)
@@ -420,7 +425,7 @@ def test_a_catch_up_is_weighed_at_the_drafts_mean_acceptance_which_starts_from_t
     across calls (two steps' weight), so a draft that has done well before catches up at once, and one that has
     not, where the catch-up costs more than the call should gain, never does."""
     lookup = PromptLookupProposer(None, survival=MatchSurvival())
-    draft = type("Draft", (), {"name": "draft", "advance": lambda self, accepted, hidden: None})()
+    draft = _listening_draft()
     pooled = PositionSurvival()
 
     def new_call() -> LookupAndDraftProposer:

@@ -79,9 +79,10 @@ class LookupAndDraftProposer:
     in full before any of them is judged, the draft is weighed there at its mean acceptance, not the optimistic one (as
     ``AutoLength`` weighs a catch-up), unless its schedule has judged the catch-up itself (``fallback_weighs_plain``:
     at its mean, from calls whose text suited it less, it lost to a guess by a hair every step and never ran, math
-    1.44x against "auto" alone's 2.89x); how many the call should still make is what earlier calls made beyond this point
-    (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer records each call's length: a
-    RAG answer stops long before ``max_new_tokens``), or what it may still make where no earlier call went this far.
+    1.44x against "auto" alone's 2.89x); how many the call should still make is what earlier calls made beyond this
+    point (``lengths``, the pair's ``AnswerLengths``, where ``records_lengths`` this proposer records each call's
+    length: a RAG answer stops long before ``max_new_tokens``), or what it may still make where no earlier call went
+    this far.
     Where that catch-up is what makes the draft lose, and the lookup has nothing better, the step is plain ("plain": the
     draft keeps its k for the steps it runs), unless the draft's schedule weighs plain decoding itself
     (``fallback_weighs_plain``, "auto": its k > 0 already says the step, catch-up included, pays or is a probe worth
@@ -168,8 +169,9 @@ class LookupAndDraftProposer:
         (rarely right, a guess pays only where verifying two tokens is faster than one, as in bf16 on a CPU with native
         bf16). The draft's proposals are taken one standard error optimistic, but where it must catch up (a cost paid
         before any of them is judged; unless its schedule weighed that catch-up, ``fallback_weighs_plain``) and in
-        counting the steps it should serve (the evidence the catch-up is paid on), at their mean; in that count the lookup's chain is taken at the most each of its positions could bring
-        (``PositionSurvival.upper``), so a step counts for the draft only where it beats the lookup at its best.
+        counting the steps it should serve (the evidence the catch-up is paid on), at their mean; in that count the
+        lookup's chain is taken at the most each of its positions could bring (``PositionSurvival.upper``), so a step
+        counts for the draft only where it beats the lookup at its best.
         (With the lookup's E one standard error up there too, the draft caught up on summarization's and RAG's long
         prompts for steps the lookup served: 0.81x the lookup there, against 0.92x-0.93x.)"""
         self.prices = {}
