@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hf_spec.verify.chain import greedy_accept, sample_from, speculative_sample
+from hf_spec.logits.chain import greedy_accept, sample_from, speculative_sample
 
 
 def peaked(tokens, vocab=6):

@@ -1,8 +1,8 @@
 """The package's layers, read off every import statement (module level and inside functions) with ``ast``.
 
-Top to bottom (docs/design.md): the face, the tools, the strategies, the engine, verification, the settings'
-ranges; ``testing`` imports nothing of the package. A module imports its own layer or lower ones, never a higher
-one, and no chain of imports between modules comes back to where it started. A module named in a string (the
+Top to bottom (docs/design.md): the face, the tools, the strategies, the engine, verification, the target's logits
+(processors and chain rules), the settings' ranges; ``testing`` imports nothing of the package. A module imports its
+own layer or lower ones, never a higher one, and no chain of imports between modules comes back to where it started. A module named in a string (the
 strategies ``registration`` loads by name, "hf_spec.draft:generate") counts as imported. The second test plants an upward import and
 a cycle in a scratch copy and checks that both are reported: the first test can fail.
 """
@@ -24,6 +24,7 @@ LAYERS = [  # top to bottom: (name, module prefixes)
     ("strategies", ["hf_spec.draft", "hf_spec.medusa", "hf_spec.eagle", "hf_spec.lookup", "hf_spec.weights", "hf_spec.token_map"]),
     ("engine", ["hf_spec.engine"]),
     ("verification", ["hf_spec.verify"]),
+    ("logits", ["hf_spec.logits"]),
     ("settings", ["hf_spec.settings", "hf_spec.resources"]),
     ("testing", ["hf_spec.testing"]),
 ]

@@ -14,7 +14,7 @@ from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor
                           TopPLogitsWarper)
 
 import hf_spec
-import hf_spec.verify.chain as acceptance
+import hf_spec.logits.chain as acceptance
 import hf_spec.verify.rule
 from hf_spec.draft.proposer import DraftModelProposer
 from hf_spec.testing import tiny_causal_lm

@@ -9,7 +9,7 @@ from ..engine.cache import new_cache
 from ..engine.call import DecodingCall
 from ..engine.proposer import Proposal
 from ..engine.runner import CachedModel
-from ..verify.processing import process_row
+from ..logits.processing import process_row
 from .translation import SharedVocabulary, TextBridge, common_prefix_length
 
 

@@ -8,7 +8,7 @@ from ..engine.cache import new_cache
 from ..engine.proposer import Proposal
 from ..engine.runner import CachedModel
 from ..token_map import TokenMap
-from ..verify.processing import process_row
+from ..logits.processing import process_row
 
 
 class DraftModelProposer:

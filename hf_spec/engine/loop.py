@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from ..verify import TORCH, Acceptance, TreeVerifier, process_block
+from ..logits import process_block
+from ..verify import TORCH, Acceptance, TreeVerifier
 from .cache import check_rollback_supported, new_cache, take_cache
 from .call import DecodingCall
 from .output import OutputRecorder

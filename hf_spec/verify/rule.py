@@ -1,15 +1,15 @@
 """The acceptance rule of a decoding call: greedy, lossless sampling, or Medusa's lossy typical rule.
 
 One call chooses its rule once; the loop asks it, per row and step, which proposals the target keeps.
-Chains go through ``hf_spec.verify.chain``; trees through a backend's rules (``hf_spec.verify.backends``:
+Chains go through ``hf_spec.logits.chain``; trees through a backend's rules (``hf_spec.verify.backends``:
 the torch reference or the Triton kernels).
 """
 from __future__ import annotations
 
 import torch
 
+from ..logits.chain import greedy_accept, speculative_sample
 from .backends import TORCH, TreeVerifier
-from .chain import greedy_accept, speculative_sample
 from .tree import typical_accept_tree
 
 RULES = ("exact", "typical")

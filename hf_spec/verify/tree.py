@@ -1,6 +1,6 @@
 """Verification rules for a tree of candidates whose tokens were chosen deterministically (top-k ranks).
 
-Notation as in ``hf_spec.verify.chain``: p is the target's distribution after the user's logits processors.
+Notation as in ``hf_spec.logits.chain``: p is the target's distribution after the user's logits processors.
 Block index 0 is the root (the last committed token); node i sits at block index i (see
 ``hf_spec.engine.trees``). ``target_*[j]`` scores the token after block index j, so node i is judged
 by the row of its parent. Every rule returns ``(accepted, next_token)``: the block indices of the
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .chain import sample_from
+from ..logits.chain import sample_from
 
 
 def greedy_accept_tree(target_scores: torch.Tensor, node_tokens: torch.LongTensor, parents: torch.LongTensor,
