@@ -3,6 +3,8 @@ attention window, errors that spell keys as the file does, static trees that ran
 import pytest
 import torch
 
+import hf_spec
+
 from hf_spec.eagle import load_eagle_draft
 from hf_spec.eagle.loading import sliding_window
 from hf_spec.eagle.proposer import EagleProposer
@@ -112,3 +114,67 @@ def test_the_bench_refuses_such_a_tree_before_any_model_loads(tmp_path, target, 
               "--eagle-tree", f"[[0], [{DRAFT_VOCAB}]]"])
     assert refused.value.code == 2
     assert f"--eagle-tree: Tree path [{DRAFT_VOCAB}] uses rank" in capsys.readouterr().err
+
+
+def window_tree(depth: int) -> list[tuple[int, ...]]:
+    """A static tree ``depth`` levels deep: the top-1 chain and, at every level, its second choice."""
+    return [(0,) * level + (rank,) for level in range(depth) for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("depth", range(1, 9))
+def test_a_windowed_draft_decodes_like_plain_generate_at_every_tree_depth(tmp_path, target, prompt, layout, depth):
+    """Each layout with a 3-token window, its dynamic tree ``depth`` levels deep and a static tree as deep: the window
+    cuts through the committed entries and, from depth 3 on, through the tree's own ancestors."""
+    config, state, _ = LAYOUTS[layout]()
+    if "transformer_layer_config" in config:
+        config = dict(config, transformer_layer_config={**config["transformer_layer_config"], "sliding_window": 3})
+    else:
+        config = dict(config, sliding_window=3)
+    folder = write(tmp_path / layout, config, state)
+    assert load_eagle_draft(folder, target=target).sliding_window == 3
+    plain = target.generate(**prompt, do_sample=False, max_new_tokens=12, min_new_tokens=12)
+    for shape in ({"num_speculative_tokens": 2 * depth, "tree_depth": depth}, {"tree": window_tree(depth)}):
+        out = target.generate(**prompt, do_sample=False, max_new_tokens=12, min_new_tokens=12, strategy="eagle",
+                              eagle_model=str(folder), tree_top_k=2, **shape)
+        assert torch.equal(out, plain)
+        assert hf_spec.last_stats().proposed > 0
+
+
+@pytest.mark.parametrize("shape", [{"num_speculative_tokens": 12, "tree_depth": 6}, {"tree": window_tree(6)}])
+def test_a_windowed_left_padded_batch_decodes_like_plain_generate(tmp_path, target, tokenizer, shape):
+    folder = write(tmp_path / "window", *speculators(sliding_window=3))
+    tokenizer.padding_side = "left"
+    batch = tokenizer(["def fib(n):", "x = 1", "for i in range(10): print"], return_tensors="pt", padding=True)
+    plain = target.generate(**batch, do_sample=False, max_new_tokens=12, min_new_tokens=12)
+    out = target.generate(**batch, do_sample=False, max_new_tokens=12, min_new_tokens=12, strategy="eagle",
+                          eagle_model=str(folder), tree_top_k=2, **shape)
+    assert torch.equal(out, plain)
+
+
+def test_inside_a_tree_the_window_masks_by_position_exactly(tmp_path, target, monkeypatch):
+    """A chain of 6 levels after 9 committed entries, window 3: the node at depth d sits at position 8 + d and
+    attends exactly the entries (committed, then its ancestors, then itself) whose positions lie within 3 of its own."""
+    draft = load_eagle_draft(write(tmp_path / "window", *speculators(sliding_window=3)), target=target)
+    seen = []  # (positions, attention) of each forward, in order
+    forward = draft.forward
+
+    def recording(tokens, features, positions, attention, *args, **kwargs):
+        seen.append((positions.clone(), attention.clone()))
+        return forward(tokens, features, positions, attention, *args, **kwargs)
+
+    monkeypatch.setattr(draft, "forward", recording)
+    chain = [(0,) * depth for depth in range(1, 7)]
+    proposer = EagleProposer(draft, target, None, static_tree=chain)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(DRAFT_VOCAB, (1, 10), generator=generator)
+    proposer.advance([0], [torch.randn(9, 3 * H, generator=generator)])
+    with torch.no_grad():
+        proposer.propose([tokens], 6, None, False, max_depth=6)
+    assert len(seen) == 1 + 5  # the catch-up, then the nodes at depths 1..5 (each scores its child)
+    for depth, (positions, attention) in enumerate(seen[1:], start=1):
+        query = 8 + depth
+        assert positions.tolist() == [[query]]
+        keys = list(range(9)) + list(range(9, query + 1))  # committed entries, the ancestors, the node itself
+        assert attention[0, 0].tolist() == [query - key < 3 for key in keys]
+    assert proposer.tree_positions.shape[1] == 0 and proposer.cache.get_seq_length() == 9  # the tree left the cache

@@ -55,6 +55,9 @@ class EagleProposer:
         self.pending: list[torch.Tensor | None] = [None] * batch_size  # features not yet fed, per row
         self.received = [0] * batch_size  # features heard per row: the next one is at this position
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # each row's last output: (hidden, logits)
+        # positions of the tree entries in the draft's cache, in cache order [batch, entries]: the keys a sliding
+        # window measures beyond the committed ones; emptied with the tree's entries
+        self.tree_positions = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
@@ -76,6 +79,7 @@ class EagleProposer:
                 proposal = self._dynamic_proposal(depth, k)
             rollback(self.cache, committed)
             self.valid = self.valid[:, :committed]
+            self.tree_positions = self.tree_positions[:, :0]
         proposal.tokens, proposal.catch_up_s = proposal.tokens.to(rows[0].device), catch_up_s
         return proposal
 
@@ -126,17 +130,22 @@ class EagleProposer:
         return firsts, counts
 
     def _feed(self, tokens, features, block_attention, positions, from_target: bool, logits_to_keep: int = 0):
-        """Run the draft on a block [batch, n] whose entries attend the valid cached entries and, among the
-        block's, where ``block_attention`` [batch, n, n] says."""
+        """Run the draft on a block [batch, n] at ``positions`` [batch, n] whose entries attend the valid committed
+        entries and, among the tree entries already in the cache and the block's own (in that order),
+        where ``block_attention`` [batch, n, tree entries + n] says. A tree block's entries join the cache's tree
+        entries."""
         n = tokens.shape[1]
         past = self.valid[:, None, :].expand(-1, n, -1)
         attention = torch.cat([past, block_attention], dim=-1)
         window = self.draft.sliding_window
         if window is not None:  # e.g. window 2: a query at position 7 attends keys at positions 6 and 7
-            keys = torch.cat([self.valid.long().cumsum(-1) - 1, positions], dim=-1)  # [b, cached + n]
+            keys = torch.cat([self.valid.long().cumsum(-1) - 1, self.tree_positions, positions], dim=-1)
             attention = attention & (positions[:, :, None] - keys[:, None, :] < window)
-        return self.draft(tokens, features, positions, attention, self.cache, self.embedding, self.head,
-                          from_target=from_target, logits_to_keep=logits_to_keep)
+        out = self.draft(tokens, features, positions, attention, self.cache, self.embedding, self.head,
+                         from_target=from_target, logits_to_keep=logits_to_keep)
+        if not from_target:
+            self.tree_positions = torch.cat([self.tree_positions, positions], dim=-1)
+        return out
 
     def _static(self, depth: int) -> TreeBuffers:
         """The static tree's nodes at most ``depth`` deep."""
