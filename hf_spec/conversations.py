@@ -139,9 +139,9 @@ def counts_text(counts: Counter) -> str:
 
 
 def read_conversations(path: str | Path, skip_bad_records: bool = False, max_file_bytes: int = 1 << 20) -> Reading:
-    """Every conversation of ``path``: a file (``.jsonl``: one JSON object a line; ``.json``: an array of such
-    objects, read record by record (one cut off mid-record is read up to the cut, and the cut noted), or one
-    object; anything else: one prompt a line) or a folder (each text or source file under it one document, in
+    """Every conversation of ``path``: a file (``.jsonl`` or ``.ndjson``: one JSON object a line; ``.json``: an
+    array of such objects, read record by record (one cut off mid-record is read up to the cut, and the cut noted),
+    or one object, or JSON lines; suffixes in any case; anything else: one prompt a line) or a folder (each text or source file under it one document, in
     sorted path order; hidden, binary, JSON and empty files, files over ``max_file_bytes`` and other suffixes left
     out and counted). A JSON record is Spec-Bench's (``turns``), ShareGPT's (``conversations: [{from, value}]``),
     OpenAI's (``messages: [{role, content}]``) or a prompt (``text`` or ``prompt``), with an optional
@@ -172,16 +172,16 @@ def _records(path: Path, reading: Reading):
     """(where, value) for each record of the file: a JSON value or a line of text, or the ``RecordError`` of a
     record that cannot be decoded (e.g. a malformed JSON line)."""
     data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark is no text
-    if path.suffix == ".json":
+    kind = file_format(path)
+    if kind == JSON:
         text = _utf8(data, path)
         if text.lstrip().startswith("["):
             yield from _array_records(text, path, reading)
             return
-        try:  # one object (over several lines)
-            yield "record 1", json.loads(text)
+        whole = _whole_value(text, path)
+        if whole is not None:
+            yield whole
             return
-        except (json.JSONDecodeError, RecursionError):
-            pass  # JSON lines under a .json name: read line by line
     for number, raw in enumerate(data.split(b"\n"), start=1):
         where = f"line {number}"
         try:
@@ -191,7 +191,42 @@ def _records(path: Path, reading: Reading):
             continue
         if not line.strip():
             continue
-        yield where, (_json_value(line, path, where) if path.suffix in (".jsonl", ".json") else line)
+        yield where, (line if kind == TEXT else _json_value(line, path, where))
+
+
+JSON, JSON_LINES, TEXT = "json", "json lines", "text"
+SUFFIXES = {".json": JSON, ".jsonl": JSON_LINES, ".ndjson": JSON_LINES}  # anything else: TEXT
+
+
+def file_format(path: Path) -> str:
+    """How a file is read, by its suffix in any case (``Q.JSONL`` is JSON lines, as ``q.jsonl`` is)."""
+    return SUFFIXES.get(path.suffix.lower(), TEXT)
+
+
+def _whole_value(text: str, path: Path):
+    """A .json file that is one value: ("record 1", the value), or ("line L", its ``RecordError``) where it is one
+    malformed value (e.g. a pretty-printed object with a trailing comma: one bad record, at the line and column
+    JSON gives). None where the file is JSON lines under a .json name: its first line, or the line where reading
+    it whole fails, is a value of its own (e.g. a first line cut short)."""
+    try:
+        return "record 1", json.loads(text)
+    except RecursionError:
+        return None  # read line by line: the deep line is refused there
+    except json.JSONDecodeError as error:
+        lines = text.split("\n")
+        first = next((line for line in lines if line.strip()), "")
+        if _is_json(first) or _is_json(lines[error.lineno - 1]):
+            return None
+        where = f"line {error.lineno}"
+        return where, RecordError(path, where, "not JSON", f"{error.msg} at column {error.colno}")
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return True
 
 
 def _utf8(data: bytes, path: Path) -> str:
@@ -279,21 +314,35 @@ FORMATS = {  # the key that says a record's format -> what the record must hold
 def _conversation(value, path: Path, where: str) -> Conversation:
     """The conversation of one record: a line of a text file is a prompt; a JSON value must be an object in one
     of ``FORMATS``, with optional ``question_id`` (or ``id``: a string or an integer) and ``category`` (a string)."""
-    if isinstance(value, str) and path.suffix not in (".jsonl", ".json"):
+    if isinstance(value, str) and file_format(path) == TEXT:
         return Conversation((Message("user", value),), str(path), where, content_id((Message("user", value),)))
     if not isinstance(value, dict):
         raise RecordError(path, where, "not a JSON object",
                           f"got {_kind(value)}; expected an object with one of {', '.join(map(repr, FORMATS))}")
+    key = _format_key(value, path, where)
+    messages = MESSAGES_OF[key](value[key], path, where)
+    return Conversation(messages, str(path), where, _record_id(value, messages, path, where),
+                        _category(value, path, where))
+
+
+CONVERSATION_KEYS = ("turns", "conversations", "messages")
+
+
+def _format_key(value: dict, path: Path, where: str) -> str:
+    """The key of ``FORMATS`` a record is read by: its one conversation (``turns``, ``conversations`` or
+    ``messages``), whatever else it carries (a ``prompt`` or ``text`` beside it is metadata: e.g. ultrachat_200k's
+    prompt, prompt_id, messages; ShareGPT's rendered text beside its conversations); else its prompt (``text``
+    beside ``prompt``: ``text``). Two conversations in one record are refused: which one to train on is unknown."""
     keys = [key for key in FORMATS if key in value]
     if not keys:
         raise RecordError(path, where, "no known format",
                           f"the object has {', '.join(map(repr, list(value)[:6])) or 'no keys'}; expected one of "
                           f"{'; '.join(FORMATS.values())}")
-    if len(keys) > 1 and keys[:2] != ["text", "prompt"]:  # 'text' beside 'prompt': 'text' is the prompt
-        raise RecordError(path, where, "two formats in one record", f"it has both {keys[0]!r} and {keys[1]!r}")
-    messages = MESSAGES_OF[keys[0]](value[keys[0]], path, where)
-    return Conversation(messages, str(path), where, _record_id(value, messages, path, where),
-                        _category(value, path, where))
+    conversations = [key for key in keys if key in CONVERSATION_KEYS]
+    if len(conversations) > 1:
+        raise RecordError(path, where, "two formats in one record",
+                          f"it has both {conversations[0]!r} and {conversations[1]!r}; keep one conversation a record")
+    return conversations[0] if conversations else keys[0]
 
 
 def _turns(turns, path: Path, where: str) -> tuple[Message, ...]:
@@ -333,6 +382,19 @@ def _text(text, path: Path, where: str, what: str) -> str:
         raise RecordError(path, where, "a turn is not text", f"{what} is {_kind(text)}; expected a string")
     if not text.strip():
         raise RecordError(path, where, "an empty turn", f"{what} is {text!r}; expected text")
+    return _unicode(text, path, where, what)
+
+
+def _unicode(text: str, path: Path, where: str, what: str) -> str:
+    """``text`` when it is whole characters. JSON's ``\\ud800`` escape decodes to half a surrogate pair, which no
+    tokenizer or file can encode: refused here, by file and line, not later without either."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise RecordError(path, where, "not valid Unicode",
+                          f"{what} holds a lone surrogate escape ({text[error.start]!r} at character "
+                          f"{error.start + 1}); a character outside the basic plane is written as a pair, e.g. "
+                          "\\ud83d\\ude00, or as itself in UTF-8") from None
     return text
 
 
@@ -354,14 +416,14 @@ def _record_id(value: dict, messages: tuple[Message, ...], path: Path, where: st
         return content_id(messages)
     if isinstance(value[key], bool) or not isinstance(value[key], (str, int)) or value[key] == "":
         raise RecordError(path, where, f"{key!r} is not a string or an integer", f"got {_kind(value[key])}")
-    return str(value[key])
+    return _unicode(str(value[key]), path, where, repr(key))
 
 
 def _category(value: dict, path: Path, where: str) -> str:
     category = value.get("category", "text")
     if not isinstance(category, str) or not category:
         raise RecordError(path, where, "'category' is not a string", f"got {_kind(category)}")
-    return category
+    return _unicode(category, path, where, "'category'")
 
 
 def _kind(value) -> str:
@@ -430,7 +492,7 @@ def read_folder(folder: str | Path, max_file_bytes: int = 1 << 20) -> Reading:
 def _left_out(path: Path, relative: str, max_file_bytes: int) -> str | None:
     if any(part.startswith(".") for part in relative.split("/")):
         return "hidden"
-    if path.suffix.lower() in (".json", ".jsonl"):
+    if file_format(path) != TEXT:
         return "JSON (pass JSON files as files of their own)"
     if path.suffix.lower() not in TEXT_SUFFIXES:
         return "not a text or source suffix"

@@ -361,3 +361,11 @@ def test_evaluate_eagle_needs_the_runs_folder(tmp_path, capsys):
         main(["evaluate-eagle", "--model", "org/model", "--output", str(tmp_path / "no-run")])
     line = error_line(excinfo, capsys, "evaluate-eagle")
     assert f"--output {tmp_path / 'no-run'}: no such folder" in line
+
+
+def test_a_tree_file_is_read_whatever_the_case_of_its_suffix(tmp_path):
+    from hf_spec.commands.bench import tree_value
+
+    path = tmp_path / "TREE.JSON"
+    path.write_text("[[0], [0, 0], [1]]\n")
+    assert tree_value(str(path)) == [[0], [0, 0], [1]]  # not looked up as a tree's name

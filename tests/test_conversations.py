@@ -273,3 +273,56 @@ def test_prompts_are_first_user_turns_read_exactly(tmp_path):
     printed = []
     assert [p.text for p in load_prompts(path, skip_bad_records=True, print_fn=printed.append)] == ["kept"]
     assert printed == [f"{path}: skipped 1 records: 1 not a JSON object"]
+
+
+@pytest.mark.parametrize("name", ["Q.JSONL", "q.Jsonl", "q.ndjson", "Q.NDJSON", "Q.JSON"])
+def test_json_suffixes_are_read_as_json_in_any_case(tmp_path, name):
+    path = write(tmp_path / name, [json.dumps({"question_id": 5, "turns": ["a prompt"]})])
+    [c] = read_conversations(path).conversations
+    assert (c.prompt, c.id) == ("a prompt", "5")  # not the raw JSON line as a prompt
+
+
+def test_json_files_in_a_folder_are_left_out_in_any_case(tmp_path):
+    for name in ("a.JSONL", "b.ndjson", "c.Json", "d.MD"):
+        (tmp_path / name).write_text('{"turns": ["x"]}\n')
+    reading = read_conversations(tmp_path)
+    assert [c.record for c in reading.conversations] == ["d.MD"]
+    assert reading.files_left_out == {"JSON (pass JSON files as files of their own)": 3}
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json"])
+def test_a_lone_surrogate_escape_is_refused_by_file_and_line_or_skipped(tmp_path, suffix):
+    path = write(tmp_path / f"q.{suffix}", [json.dumps({"turns": ["good"]}), '{"turns": ["bad \\ud800 here"]}',
+                                             '{"turns": ["fine \\ud83d\\ude00"]}'])
+    with pytest.raises(RecordError, match=f"q.{suffix}, line 2: not valid Unicode: turn 1 holds a lone surrogate"):
+        read_conversations(path)
+    reading = read_conversations(path, skip_bad_records=True)
+    assert chats(reading) == [[("user", "good")], [("user", "fine \U0001F600")]]
+    assert reading.skipped == {"not valid Unicode": 1}
+    array = tmp_path / "dump.json"
+    array.write_text('[\n {"turns": ["a"]},\n {"id": "\\udc00", "turns": ["b"]}\n]')
+    with pytest.raises(RecordError, match="dump.json, record 2 \\(line 3\\): not valid Unicode: 'id' holds"):
+        read_conversations(array)
+
+
+def test_a_pretty_printed_object_with_a_trailing_comma_is_one_bad_record_at_its_line_and_column(tmp_path):
+    path = tmp_path / "one.json"
+    path.write_text('{\n  "question_id": 1,\n  "turns": ["a"],\n}\n')
+    with pytest.raises(RecordError, match="one.json, line 4: not JSON: Expecting property name .* at column 1"):
+        read_conversations(path)
+    reading = read_conversations(path, skip_bad_records=True)
+    assert reading.conversations == [] and reading.skipped == {"not JSON": 1}
+    lines = write(tmp_path / "lines.json", ['{"turns": ["cut"', json.dumps({"turns": ["b"]})])  # JSON lines, cut
+    with pytest.raises(RecordError, match="lines.json, line 1: not JSON"):
+        read_conversations(lines)
+    assert chats(read_conversations(lines, skip_bad_records=True)) == [[("user", "b")]]
+
+
+def test_a_conversation_beside_a_prompt_or_text_is_read_by_its_conversation(tmp_path):
+    ultrachat = {"prompt": "How are you?", "prompt_id": "9f1c", "messages": [
+        {"role": "user", "content": "How are you?"}, {"role": "assistant", "content": "Well."}]}
+    sharegpt = {"id": "s1", "text": "### Human: hi ### Assistant: hello", "conversations": [
+        {"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
+    path = write(tmp_path / "data.jsonl", [json.dumps(ultrachat), json.dumps(sharegpt)])
+    assert chats(read_conversations(path)) == [[("user", "How are you?"), ("assistant", "Well.")],
+                                               [("user", "hi"), ("assistant", "hello")]]

@@ -84,13 +84,14 @@ def tree_value(text: str, trainer: str = "train-medusa"):
 
     if text == "auto":
         return text
-    if not (text.startswith("[") or text.endswith(".json")):
+    a_file = text.lower().endswith(".json")  # tree.json, TREE.JSON: a file in any case
+    if not (text.startswith("[") or a_file):
         resolve_tree(text)  # a name: known? (ValueError names the known ones)
         return text
-    if text.endswith(".json") and not Path(text).is_file():
+    if a_file and not Path(text).is_file():
         raise ValueError(f"no such file ({trainer} writes tree.json next to what it trains).")
     try:
-        paths = json.loads(Path(text).read_text() if text.endswith(".json") else text)
+        paths = json.loads(Path(text).read_text() if a_file else text)
     except json.JSONDecodeError as error:
         raise ValueError(f"not a JSON list of paths ({error}).") from error
     try:
