@@ -71,14 +71,39 @@ def path_action(check) -> type[argparse.Action]:
 
 def check_paths(args: argparse.Namespace) -> None:
     """Run the checks of the path options given (before anything loads): each value is replaced by what its check
-    returns (e.g. ~ expanded); a ValueError says "OPTION VALUE: what is wrong"."""
+    returns (e.g. ~ expanded); a ValueError says "OPTION VALUE: what is wrong". Then no output may overwrite what
+    the command reads (``refuse_overwriting_inputs``)."""
+    checked = []
     for option, dest, check in getattr(args, PATH_CHECKS, None) or []:
         value = getattr(args, dest)
         try:
             setattr(args, dest, check(value))
         except ValueError as error:
             raise ValueError(f"{option} {value}: {error}") from None
+        checked.append((option, check, getattr(args, dest)))
     setattr(args, PATH_CHECKS, [])
+    refuse_overwriting_inputs(checked)
+
+
+def refuse_overwriting_inputs(checked: list[tuple[str, object, str]]) -> None:
+    """Refuse an output option (a folder or file to write) that would write over a path the command reads
+    (``checked``: (option, its check, its value) for each path option given): an output folder that is or holds a
+    model, draft or heads folder (``model_source``), an output file inside one or that is an input file. E.g.
+    ``train-pard --draft d --output d`` would replace the draft it adapts."""
+    from .paths import local_path, overwrites
+
+    outputs = [(option, check, value) for option, check, value in checked if check in (output_folder, output_file)]
+    for out_option, out_check, out in outputs:
+        # a model folder: refused where the output folder is or holds it, or the output file is or lies inside it
+        # (an output folder inside it, e.g. model/eagle, overwrites nothing); any other path: where they are one
+        model_refusals = ("is", "holds") if out_check is output_folder else ("is", "lies inside")
+        for option, check, value in checked:
+            path = local_path(value) if check in (model_source, input_file, input_folder) else None
+            how = None if path is None else overwrites(out, path)
+            if how in (model_refusals if check is model_source else ("is",)):
+                what = "folder" if path.is_dir() else "file"
+                raise ValueError(f"{out_option} {out} {how} the {option} {what} {path}, which this command reads: "
+                                 f"writing there would overwrite it. Pass another {out_option}.")
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
@@ -100,6 +125,12 @@ def model_source(value: str) -> str:
         return value
     raise ValueError(f"looked on disk for this path and found nothing at {Path(expanded).absolute()}; a Hub id "
                      "looks like org/name")
+
+
+def written_model_source(value: str) -> str:
+    """A ``model_source`` the command also writes into by design (e.g. evaluate-medusa's heads folder, where its
+    evaluation goes by default): an output there overwrites nothing of it."""
+    return model_source(value)
 
 
 def input_file(value: str) -> str:

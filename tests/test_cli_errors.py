@@ -53,12 +53,16 @@ def nothing_runs(monkeypatch):
     import hf_spec.demo
     import hf_spec.training.eagle
     import hf_spec.training.medusa
+    import hf_spec.training.pard
+    import hf_spec.training.sources
 
     monkeypatch.setattr(hf_spec.commands.bench, "run", refuse)
     monkeypatch.setattr(hf_spec.demo, "run_demo", refuse)
     monkeypatch.setattr(hf_spec.training.medusa, "train_medusa", refuse)
     monkeypatch.setattr(hf_spec.training.medusa, "evaluate_medusa", refuse)
     monkeypatch.setattr(hf_spec.training.eagle, "train_eagle", refuse)
+    monkeypatch.setattr(hf_spec.training.pard, "train_pard", refuse)
+    monkeypatch.setattr(hf_spec.training.sources, "read_sources", refuse)
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -369,3 +373,36 @@ def test_a_tree_file_is_read_whatever_the_case_of_its_suffix(tmp_path):
     path = tmp_path / "TREE.JSON"
     path.write_text("[[0], [0, 0], [1]]\n")
     assert tree_value(str(path)) == [[0], [0, 0], [1]]  # not looked up as a tree's name
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["train-eagle", "--model", "{tmp}/model", "--output", "{tmp}/model"], "--output {tmp}/model is the --model folder"),
+    (["train-eagle", "--model", "{tmp}/model", "--output", "{tmp}/model/."], "is the --model folder {tmp}/model"),
+    (["train-pard", "--draft", "{tmp}/model", "--output", "{tmp}/model"], "is the --draft folder {tmp}/model"),
+    (["train-pard", "--draft", "{tmp}/model", "--output", "{tmp}"], "--output {tmp} holds the --draft folder"),
+    (["train-pard", "--draft", "org/draft", "--target", "{tmp}/model", "--output", "{tmp}/model"], "--target folder"),
+    (["train-medusa", "--model", "{tmp}/model", "--output", "{tmp}/model"], "is the --model folder"),
+    (["evaluate-medusa", "--heads", "{tmp}/empty", "--model", "{tmp}/model", "--output", "{tmp}/model"],
+     "is the --model folder"),
+    (["export-medusa", "--heads", "{tmp}/empty", "--model", "{tmp}/model", "--output", "{tmp}/empty"],
+     "is the --heads folder"),
+    (["export-eagle", "--draft", "{tmp}/model", "--model", "org/target", "--output", "{tmp}/model"],
+     "is the --draft folder"),
+    (["bench", "--target", "{tmp}/model", "--json", "{tmp}/model/config.json"], "lies inside the --target folder"),
+    (["bench", "--target", "{tmp}/model", "--questions", "{tmp}/file.txt", "--json", "{tmp}/file.txt"],
+     "is the --questions file"),
+])
+def test_an_output_over_a_model_or_input_it_reads_is_refused_before_any_work(argv, expected, saved, capsys,
+                                                                             nothing_runs):
+    line = run_bad(argv, saved, capsys, expected.format(tmp=saved))
+    assert "which this command reads: writing there would overwrite it. Pass another" in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["train-eagle", "--model", "{tmp}/model", "--output", "{tmp}/model/eagle"],  # beside the model's files
+    ["evaluate-medusa", "--heads", "{tmp}/empty", "--model", "{tmp}/model", "--output", "{tmp}/empty"],
+])
+def test_an_output_that_overwrites_nothing_read_passes(argv, saved):
+    from hf_spec.arguments import check_paths
+
+    check_paths(build_parser().parse_args(fill(argv, saved)))

@@ -361,3 +361,14 @@ def test_checkpoints_come_every_n_steps_at_the_last_and_whenever_minutes_pass(mo
         if clock.due(step):
             due.append(step)
     assert due == [9, 10, 19, 20, 25]  # 63 s after the start, every 10, 63 s after step 10, every 10, the last
+
+
+def test_training_into_the_targets_own_folder_is_refused_before_any_work(tmp_path):
+    folder = tmp_path / "target"
+    tiny_causal_lm("qwen2", seed=0).save_pretrained(folder)
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with pytest.raises(ValueError, match=f"The output folder {folder} is the model folder {folder}"):
+        train_eagle(str(folder), folder, progress=False, print_fn=lambda *a: None)
+    with pytest.raises(ValueError, match=f"The output folder {tmp_path} holds the model folder {folder}"):
+        train_eagle(str(folder), tmp_path, progress=False, print_fn=lambda *a: None)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before

@@ -25,7 +25,7 @@ LAYERS = [  # top to bottom: (name, module prefixes)
     ("engine", ["hf_spec.engine"]),
     ("verification", ["hf_spec.verify"]),
     ("logits", ["hf_spec.logits"]),
-    ("settings", ["hf_spec.settings", "hf_spec.resources"]),
+    ("settings", ["hf_spec.settings", "hf_spec.resources", "hf_spec.paths"]),
     ("testing", ["hf_spec.testing"]),
 ]
 

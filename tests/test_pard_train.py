@@ -241,3 +241,14 @@ def test_resume_continues_bitwise(tmp_path, tokenizer, lora_rank, stopped_by):
         train_steps(other, sequences[:-1], config, token, tmp_path, resume=True, progress=False, max_steps=6)
     with pytest.raises(ValueError, match="give output_dir too"):  # a stop it could not save for
         train_steps(fresh()[0], sequences, config, token, progress=False, max_steps=6, stop=lambda: True)
+
+
+def test_training_into_the_drafts_own_folder_is_refused_before_any_work(tmp_path, tokenizer):
+    folder = tmp_path / "draft"
+    tiny_draft().save_pretrained(folder)
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    loaded = type(tiny_draft()).from_pretrained(folder)  # its name_or_path says where it lies
+    for draft in (str(folder), loaded):
+        with pytest.raises(ValueError, match=f"The output folder {folder} is the draft folder {folder}.*another output"):
+            train_pard(draft, folder, patterns(8), tokenizer=tokenizer, progress=False, print_fn=lambda *a: None)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before

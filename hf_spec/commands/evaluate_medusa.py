@@ -5,14 +5,15 @@ import argparse
 import os
 
 from ..arguments import (add_dtype_option, input_file, model_source, output_folder, path_action, positive_int,
-                         resolve_dtype_option)
+                         resolve_dtype_option, written_model_source)
 
 NAME = "evaluate-medusa"
 HELP = "Medusa heads' accuracy, tokens/step and tree for this machine, on the held-out prompts"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--heads", required=True, action=path_action(model_source), help="heads folder or Hub id")
+    parser.add_argument("--heads", required=True, action=path_action(written_model_source),
+                        help="heads folder or Hub id")
     parser.add_argument("--model", required=True, action=path_action(model_source),
                         help="their base model (Hub id or path)")
     parser.add_argument("--output", action=path_action(output_folder),

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from ..conversations import Conversation, Message
 from ..eagle.loading import aux_layer_ids, load_eagle_draft, save_eagle_draft
+from ..paths import refuse_overwriting
 from ..settings import COUNT, NON_NEGATIVE, NON_NEGATIVE_COUNT, POSITIVE, SHARE, TRAINING_WINDOW
 from ..token_map import TokenMap
 from .data import SelfDistillation, frozen_model
@@ -223,8 +224,9 @@ def _set_up(model, output_dir, data, tokenizer, labels: str, config: EagleTrainC
             progress: bool, print_fn) -> _Run:
     if labels not in LABELS:
         raise ValueError(f"labels must be one of {', '.join(LABELS)}; got {labels!r}.")
-    model, tokenizer = frozen_model(model, tokenizer, dtype)
     output_dir = Path(output_dir) if output_dir is not None else default_output(model)
+    refuse_overwriting(output_dir, {"model": model})
+    model, tokenizer = frozen_model(model, tokenizer, dtype)
     aux = aux_layer_ids({}, model.config.get_text_config().num_hidden_layers)
     pipeline = SelfDistillation(model, tokenizer, output_dir, questions, eval_every, None, max_new_tokens,
                                 generation_batch_size, layers=aux, positions="all", dtype=model.dtype,

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from ..medusa.heads import MedusaHeads
 from ..medusa.loading import load_medusa_heads
+from ..paths import refuse_overwriting
 from .data import IGNORE, HiddenStates, SelfDistillation, check_samples, frozen_model
 from .medusa_evaluation import evaluate_heads
 from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule,
@@ -257,6 +258,7 @@ def train_medusa(model, output_dir: str | Path, tokenizer=None, prompts_path: st
     stops training early. Refuses to write heads trained on nothing (no training prompt, no step)."""
     config = config or TrainConfig()
     check_samples(samples_per_prompt, temperature)
+    refuse_overwriting(output_dir, {"model": model})
     model, tokenizer = frozen_model(model, tokenizer, dtype)
     recipe = _Recipe(model, tokenizer, Path(output_dir), prompts_path, eval_every, limit, max_new_tokens,
                      generation_batch_size, config.num_heads, progress, print_fn)

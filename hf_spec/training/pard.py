@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint as recompute
 from tqdm.auto import tqdm
 
 from ..draft.parallel import pard_token_of
+from ..paths import refuse_overwriting
 from .lora import add_lora, merge_lora
 from .optimization import (CheckpointClock, epoch_order, load_checkpoint, optimizer_and_schedule, save_checkpoint,
                            stop_requests, stopped)
@@ -285,6 +286,7 @@ def train_pard(draft, output_dir: str | Path, data, *, tokenizer=None, config: P
     from .pard_evaluation import evaluate_parallel_draft
 
     config = config or PardConfig()
+    refuse_overwriting(output_dir, {"draft": draft, "target": target})
     model, tokenizer = _trainable_model(draft, tokenizer)
     dtype = dtype or model.dtype
     model.float()
