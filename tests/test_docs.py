@@ -3,6 +3,8 @@
 Every ``hf-spec ...`` command in a fenced block of README.md or docs/*.md (a trailing backslash continues it)
 is parsed by the CLI's own parser; every inline ``hf-spec ...`` span names a real subcommand and only its
 options. The quick start's command and the examples run in their short forms (tiny offline models).
+docs/benchmarks.md stays a manual (at most 400 lines, the headline tables), and docs/measurements/README.md lists
+every run a table or claim uses, one line each, and nothing else lies in that folder.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from hf_spec.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUN_NOTES = sorted((ROOT / "docs" / "measurements").glob("*.md"))  # the measurements index and the runs' stories
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"`(hf-spec [^`]*)`")
 
@@ -51,7 +54,7 @@ def test_readme_is_short_and_narrow():
     assert max(len(line) for line in lines) <= 120
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda path: path.name)
+@pytest.mark.parametrize("doc", [*DOCS, *RUN_NOTES], ids=lambda path: path.name)
 def test_every_documented_command_parses(doc):
     text = doc.read_text()
     commands = fenced_commands(text)
@@ -110,16 +113,83 @@ def test_every_measured_table_is_its_json(doc):
     assert doc_tables.rewrite(text, doc.parent) == text, f"{doc.name}: run python tools/doc_tables.py"
 
 
-def test_benchmarks_show_the_headline_tables_and_every_saved_run():
+MEASUREMENTS = ROOT / "docs" / "measurements"
+BENCHMARKS_MAX_LINES = 400
+RUN_LINE = re.compile(r"^- \[`[^`]+`\]\(([^)\s]+)\), (\d{4}-\d{2}-\d{2}): .*`.+`")
+
+
+def indexed_runs(index: str) -> list[str]:
+    """The files (or folders) the run lines of the measurements index name, e.g. ["bf16-26q-int8-auto.json"]:
+    each line "- [`NAME`](NAME), DATE: `command`. What it is for." names its run first."""
+    return [match[1].rstrip("/") for line in index.splitlines() if (match := RUN_LINE.match(line))]
+
+
+def measurement_problems(docs: dict[str, str], index: str, folder: Path) -> list[str]:
+    """What breaks the rule that keeps docs/benchmarks.md a manual and docs/measurements/ an index, as messages:
+    benchmarks.md over its bound, a table whose JSON is missing or not indexed, an index line naming a missing
+    file, a file in the folder that no index line names (a run's .txt and .md go with its JSON)."""
     doc_tables = load_doc_tables()
-    used = {(doc.parent / name).resolve() for doc in DOCS for name in doc_tables.tables(doc.read_text())}
-    headline = ["bf16-26q-int8-auto", "fp32-13q-auto", "bf16-lookup-21q-default-form", "bf16-qwen15b-eagle3-tree1",
-                "bf16-smollm2-medusa-eagle3-s2e4"]
-    benchmarks = doc_tables.tables((ROOT / "docs" / "benchmarks.md").read_text())
-    assert all(f"measurements/{name}.json" in benchmarks for name in headline)
-    saved_runs = {path.resolve() for path in (ROOT / "docs" / "measurements").glob("*.json")
-                  if "rows" in json.loads(path.read_text())}
-    assert saved_runs == used  # no saved run that no table shows, no table without its run
+    problems = []
+    length = len(docs.get("docs/benchmarks.md", "").splitlines())
+    if length > BENCHMARKS_MAX_LINES:
+        problems.append(f"docs/benchmarks.md has {length} lines (at most {BENCHMARKS_MAX_LINES}): runs go to "
+                        "docs/measurements/, the manual keeps the headline tables")
+    runs = indexed_runs(index)
+    for name in runs:
+        if not (folder / name).exists():
+            problems.append(f"docs/measurements/README.md names {name}, which does not exist")
+    for doc, text in docs.items():
+        base = (ROOT / doc).parent
+        for source in doc_tables.tables(text):
+            path = (base / source).resolve()
+            if not path.exists():
+                problems.append(f"{doc}: a table's JSON {source} does not exist")
+            elif path.parent != folder.resolve() or path.name not in runs:
+                problems.append(f"{doc}: a table's JSON {source} is not listed in docs/measurements/README.md")
+    stems = {Path(name).stem for name in runs} | {Path(name).name for name in runs}
+    for path in sorted(folder.iterdir()):
+        if path.name != "README.md" and path.name not in stems and path.stem not in stems:
+            problems.append(f"docs/measurements/{path.name}: no line of docs/measurements/README.md names it")
+    return problems
+
+
+def real_docs() -> dict[str, str]:
+    return {str(doc.relative_to(ROOT)): doc.read_text() for doc in DOCS}
+
+
+def test_benchmarks_is_a_manual_and_every_run_is_indexed():
+    """benchmarks.md stays within its bound; every table's JSON exists and is indexed; every index line's file
+    exists; no measurement file is left unindexed. The headline tables are the ones the docs name."""
+    index = (MEASUREMENTS / "README.md").read_text()
+    assert measurement_problems(real_docs(), index, MEASUREMENTS) == []
+    assert "## Runs" in index and "The rule" in index.split("## Runs")[0]
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert "measurements/README.md" in benchmarks and "only when a headline changes" in benchmarks
+    doc_tables = load_doc_tables()
+    assert doc_tables.tables((ROOT / "README.md").read_text()) == ["docs/measurements/bf16-26q-int8-auto.json"]
+    headline = ["bf16-26q-int8-auto", "fp32-13q-auto-lookup-optimistic", "bf16-lookup-32q-auto-lookup",
+                "bf16-qwen15b-eagle3-tree1", "bf16-smollm2-medusa-eagle3-s2e4", "bf16-13q-pard-60k"]
+    assert all(f"measurements/{name}.json" in doc_tables.tables(benchmarks) for name in headline)
+
+
+def test_the_index_check_catches_each_planted_violation():
+    """Each way the rule breaks is named: a 401-line benchmarks.md, an index line naming a missing file, a table
+    whose JSON is missing or not indexed, and a run file no line names."""
+    index = (MEASUREMENTS / "README.md").read_text()
+    docs = real_docs()
+
+    def problems(docs=docs, index=index):
+        return "\n".join(measurement_problems(docs, index, MEASUREMENTS))
+
+    assert problems() == ""
+    assert "has 401 lines" in problems(docs={**docs, "docs/benchmarks.md": "line\n" * (BENCHMARKS_MAX_LINES + 1)})
+    gone = "- [`gone.json`](gone.json), 2026-12-08: `hf-spec bench --modes vanilla`. Nothing.\n"
+    assert "names gone.json, which does not exist" in problems(index=index + gone)
+    without_pard = "\n".join(line for line in index.splitlines() if "bf16-13q-pard-60k" not in line)
+    assert "bf16-13q-pard-60k.json is not listed" in problems(index=without_pard)
+    assert "bf16-13q-pard-60k.txt: no line" in problems(index=without_pard)
+    ghost = "<!-- table: measurements/ghost.json -->\n<!-- end table -->\n"
+    assert "ghost.json does not exist" in problems(docs={**docs, "docs/strategies.md": ghost})
 
 
 def _figures(line):
@@ -138,12 +208,12 @@ def test_a_table_is_what_the_bench_printed_and_a_changed_figure_is_caught(tmp_pa
             assert len(lines) > 3
             bench_lines = [line for line in lines if not line.startswith(("26 prompts", "13 prompts", "outputs"))]
             assert all(_figures(line) in printed for line in bench_lines), part
-    doc = "<!-- table: measurements/fp32-13q-auto.json -->\n<!-- end table -->\n"
+    doc = "<!-- table: measurements/fp32-13q-auto-lookup-optimistic.json -->\n<!-- end table -->\n"
     built = doc_tables.rewrite(doc, ROOT / "docs")
-    assert "auto: k chosen per step {0: 398, 1: 1, 2: 1, 3: 2, 4: 2, 6: 1, 7: 47, 8: 2}" in built
+    assert "auto: k chosen per step {0: 561, 2: 1, 3: 2, 4: 5, 5: 1, 8: 13}" in built
     assert "outputs that differ from vanilla's: 0, at a near-tie: 0" in built
     assert doc_tables.rewrite(built, ROOT / "docs") == built
-    assert doc_tables.rewrite(built.replace("1.05x", "2.05x"), ROOT / "docs") == built
+    assert doc_tables.rewrite(built.replace("0.99x", "1.99x"), ROOT / "docs") == built
 
 
 def github_anchor(heading: str) -> str:
@@ -152,7 +222,8 @@ def github_anchor(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-@pytest.mark.parametrize("doc", [*DOCS, *sorted((ROOT / "docs" / "notes").glob("*.md"))], ids=lambda path: path.name)
+@pytest.mark.parametrize("doc", [*DOCS, *RUN_NOTES, *sorted((ROOT / "docs" / "notes").glob("*.md"))],
+                         ids=lambda path: path.name)
 def test_every_relative_link_finds_its_file_and_heading(doc):
     text = re.sub(FENCE, "", doc.read_text())
     for target in re.findall(r"\]\(([^)\s]+)\)", text):

@@ -9,7 +9,8 @@ A generated table sits between two markers in a markdown file, its JSON named re
     <!-- end table -->
 
 `<!-- table: measurements/NAME.json categories -->` gives the run's per-category table instead, and
-`<!-- table: measurements/NAME.json modes -->` the overall table alone (for the README).
+`<!-- table: measurements/NAME.json modes -->` the overall table alone (for the README). Every JSON a table names
+is a run listed in docs/measurements/README.md (tests/test_docs.py checks it).
 
     python tools/doc_tables.py           # rewrite every table in README.md and docs/*.md in place
     python tools/doc_tables.py --check   # exit 1, naming each table that differs from its JSON
