@@ -1,12 +1,16 @@
-"""Paths as commands see them: whether writing an output would overwrite something that is read.
+"""Paths as commands and caches see them: whether writing an output would overwrite something that is read, and what
+a local folder's files are (a key that changes when they are rewritten).
 
 A source is a path, a Hub id, or a loaded object whose ``name_or_path`` says where it came from; only what lies on
 disk counts (a Hub id is pinned by its revision, a model built in code has no files).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+
+SMALL_FILE = 1 << 20  # files up to this size are keyed by their contents (configs, tokenizers); larger ones by stat
 
 
 def local_path(source) -> Path | None:
@@ -41,3 +45,22 @@ def refuse_overwriting(output: str | os.PathLike, reads: dict[str, object], what
         if how in ("is", "holds"):
             raise ValueError(f"{what} {output} {how} the {name} folder {path}, which is read here: writing there "
                              "would overwrite it. Pass another output folder.")
+
+
+def files_fingerprint(source) -> tuple:
+    """What the files of a local folder (its own files, not its subfolders': a model's are all at its top) or a
+    local file are: for each, its name and its contents' hash where it is small (a config or tokenizer rewritten
+    within one clock tick still changes the key), its size and modification time where it is large (weights are
+    not read again to be keyed). Empty for a Hub id or an object not loaded from disk."""
+    path = local_path(source)
+    if path is None:
+        return ()
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    return tuple(_file_key(file) for file in files)
+
+
+def _file_key(path: Path) -> tuple:
+    stat = path.stat()
+    if stat.st_size <= SMALL_FILE:
+        return path.name, hashlib.sha256(path.read_bytes()).hexdigest()
+    return path.name, stat.st_size, stat.st_mtime_ns

@@ -8,7 +8,7 @@ import torch
 
 from hf_spec.draft.loading import resolve_draft
 from hf_spec.engine.memory import PairMemories, pair_memory
-from hf_spec.testing import perturbed_draft, tiny_causal_lm
+from hf_spec.testing import char_tokenizer, perturbed_draft, tiny_causal_lm
 
 
 def test_a_new_model_never_inherits_a_discarded_ones_memory(target):
@@ -77,3 +77,47 @@ def test_a_draft_rewritten_at_the_same_path_is_loaded_anew(tmp_path, target):
 @pytest.fixture
 def target():
     return tiny_causal_lm("llama", seed=0)
+
+
+def reversed_char_tokenizer():
+    """The character tokenizer with the characters' ids in reverse order: another tokenizer of the same size."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_spec.testing import CHARACTERS, SPECIAL_TOKENS
+
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS[::-1])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def test_a_draft_folder_rewritten_with_another_tokenizer_is_read_with_it(tmp_path, target):
+    from hf_spec.draft.loading import load_draft
+
+    folder = tmp_path / "draft"
+    tiny_causal_lm("llama", seed=1).save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    first = load_draft(str(folder), target).tokenizer
+    assert first("a")["input_ids"] == char_tokenizer()("a")["input_ids"]
+    reversed_char_tokenizer().save_pretrained(folder)  # the same name, another tokenizer
+    second = load_draft(str(folder), target).tokenizer
+    assert second("a")["input_ids"] == reversed_char_tokenizer()("a")["input_ids"] != first("a")["input_ids"]
+
+
+def test_a_draft_rewritten_within_one_clock_tick_is_loaded_anew(tmp_path, target):
+    """Files of the same sizes and modification times (a coarse clock, or a copy that keeps times): the contents
+    decide."""
+    import os
+
+    folder = tmp_path / "draft"
+    tiny_causal_lm("llama", seed=1).save_pretrained(folder)
+    times = {path.name: path.stat().st_mtime_ns for path in folder.iterdir()}
+    first = resolve_draft(str(folder), target)
+    rewritten = tiny_causal_lm("llama", seed=2)
+    rewritten.save_pretrained(folder)
+    for path in folder.iterdir():
+        os.utime(path, ns=(times[path.name], times[path.name]))
+    weight = next(resolve_draft(str(folder), target).parameters())
+    assert torch.equal(weight, next(rewritten.parameters()).to(weight.dtype)) and weight is not next(first.parameters())

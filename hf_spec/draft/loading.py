@@ -7,11 +7,11 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
+from ..paths import files_fingerprint
 from ..weights import not_found
 from .forms import AUTO, with_cheaper_weights
 from .int8 import INT8_WEIGHT_ONLY, quantize_int8_weight_only
@@ -179,20 +179,11 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
 _LOADED_DRAFTS: dict[tuple, tuple] = {}  # the two most recently loaded drafts (and why their form), reused across calls
 
 
-def files_fingerprint(name: str) -> tuple:
-    """For a local folder, each file's name, size and modification time: a draft rewritten there is loaded anew
-    (a Hub id's files are pinned by ``revision``)."""
-    folder = Path(os.path.expanduser(name))
-    if not folder.is_dir():
-        return ()
-    return tuple(sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns)
-                        for path in folder.iterdir() if path.is_file()))
-
-
 def _load_draft(name: str, device: str, dtype: torch.dtype, revision: str | None, token,
                 request: BitsAndBytesConfig | str | None = None) -> tuple[PreTrainedModel, str]:
     """The draft ``name`` in the form ``request`` asks ("auto", "int8_weight_only", a BitsAndBytesConfig or None),
-    and why its weights are in that form."""
+    and why its weights are in that form. Kept by what the folder's files are (``files_fingerprint``), so a draft
+    rewritten at the same path is loaded anew (a Hub id's files are pinned by ``revision``)."""
     request_key = json.dumps(request.to_dict(), sort_keys=True, default=str) if isinstance(
         request, BitsAndBytesConfig) else request
     key = (name, device, str(dtype), revision, request_key, files_fingerprint(name))
@@ -229,8 +220,14 @@ def _load_draft_uncached(name, device, dtype, revision, token, quantization) -> 
     return model.eval()
 
 
-@functools.lru_cache(maxsize=4)
 def _load_tokenizer(name: str, revision: str | None, token, local_only: bool = False):
+    """The tokenizer saved at ``name`` (None where none loads), once per process for the same files: a folder
+    rewritten with another tokenizer is read anew (kept by name, the old one ran with the new weights)."""
+    return _tokenizer_of_files(name, revision, token, local_only, files_fingerprint(name))
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_of_files(name: str, revision: str | None, token, local_only: bool, fingerprint: tuple):
     try:
         return AutoTokenizer.from_pretrained(name, revision=revision, token=token, local_files_only=local_only)
     except (OSError, ValueError) as error:
