@@ -90,6 +90,10 @@ class TokenMap:
         float32 scores over the whole target vocabulary [..., target_vocab_size] (-inf outside the draft ids).
         Logit scaling or soft-capping in the model's own forward is not applied: this scores proposals only."""
         output = model.get_output_embeddings()
+        if output.weight.device.type == "meta":  # offloaded by accelerate: its rows are read here, not by its hook
+            raise ValueError("A draft vocabulary subset reads the draft's output layer, which accelerate offloaded "
+                             "(device_map): keep lm_head in memory in the draft's device_map, or pass "
+                             "draft_vocab_size=None.")
         weight = self.rows_of(output.weight.detach())
         bias = getattr(output, "bias", None)
         bias = None if bias is None else self.rows_of(bias.detach())

@@ -7,6 +7,7 @@ from transformers import LogitsProcessorList
 
 from ..engine.cache import new_cache
 from ..engine.call import DecodingCall
+from ..engine.placement import execution_device
 from ..engine.proposer import Proposal
 from ..engine.runner import CachedModel
 from ..logits.processing import process_row
@@ -52,7 +53,7 @@ class CrossTokenizerProposer:
         shared = None
         if call.do_sample:
             shared = SharedVocabulary.of(target_tokenizer, draft_tokenizer, _vocab_size(call.model),
-                                         _vocab_size(draft), draft.device)
+                                         _vocab_size(draft), execution_device(draft))
         eos = draft.generation_config.eos_token_id
         eos_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
         return cls(draft, TextBridge(target_tokenizer, draft_tokenizer), call.padding_mask, shared, eos_ids)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
+from ..engine.placement import execution_device, placed_by_accelerate
 from ..paths import files_fingerprint
 from ..weights import not_found
 from .forms import AUTO, with_cheaper_weights
@@ -71,14 +72,16 @@ def load_draft(draft_model, target: PreTrainedModel, *, revision: str | None = N
     if isinstance(draft_model, (str, os.PathLike)):
         request = draft_quantization if draft_quantization in (AUTO, INT8_WEIGHT_ONLY) else \
             quantization_config(draft_quantization, target)
-        draft, weights = _load_draft(str(draft_model), str(target.device), target.dtype, revision, token, request)
+        draft, weights = _load_draft(str(draft_model), str(execution_device(target)), target.dtype, revision, token,
+                                     request)
         draft_tokenizer = draft_tokenizer or _load_tokenizer(str(draft_model), revision, token)
         loaded = True
     elif isinstance(draft_model, PreTrainedModel):
         if draft_quantization not in (None, AUTO):
             raise ValueError("draft_quantization applies when the draft is loaded: pass draft_model as a Hub id or "
                              "path, or pass a model you loaded with a quantization_config.")
-        draft, weights, loaded = _on_device(draft_model, target.device), "weights as given (a model object)", False
+        draft, loaded = _on_device(draft_model, execution_device(target)), False
+        weights = "weights as given (a model object)"
     else:
         raise TypeError(f"draft_model must be a transformers model, a Hub id or a path; "
                         f"got {type(draft_model).__name__}.")
@@ -146,11 +149,10 @@ def _vocab_size(model) -> int:
 
 
 def _on_device(draft: PreTrainedModel, device: torch.device) -> PreTrainedModel:
-    if draft.device == device:
+    """The draft on the target's execution device; a draft accelerate placed (its own device map, offloaded or
+    spread over devices) stays where it is: its hooks take each forward's inputs there."""
+    if placed_by_accelerate(draft) or draft.device == device:
         return draft
-    if getattr(draft, "hf_device_map", None) and len(set(draft.hf_device_map.values())) > 1:
-        raise ValueError(f"The draft is spread over several devices ({sorted(set(map(str, draft.hf_device_map.values())))}); "
-                         f"load it on the target's device ({device}).")
     try:
         return draft.to(device)
     except (ValueError, RuntimeError) as error:  # e.g. quantized models refuse .to()

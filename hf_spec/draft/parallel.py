@@ -77,12 +77,12 @@ class ParallelDraftProposer(DraftModelProposer):
         k = min(k, max_depth)
         if k == 0:
             return Proposal(tokens=rows[0].new_empty(len(rows), 0), probs=None)
-        prefixes = [row.to(self.draft.device) for row in rows]
+        prefixes = list(rows)  # the processors run on the committed tokens' device, as for the chain
         feed, valid, _ = self._catch_up(prefixes)
         masks = feed.new_full((len(rows), k - 1), self.pard_token)
         block = torch.cat([feed, masks], dim=-1)  # [batch, width + k - 1]
         valid = torch.cat([valid, torch.ones_like(masks, dtype=torch.bool)], dim=-1)
-        logits = self.draft.forward(block, logits_to_keep=k, valid=valid).logits.float()  # [batch, k, vocab]
+        logits = self.draft.forward(block, logits_to_keep=k, valid=valid).logits.float().to(rows[0].device)
         self.forwards += 1
         self.draft.rollback(self.draft.length - (k - 1))  # the masks leave: the cache holds committed tokens only
         self.covered = [prefix.shape[1] for prefix in prefixes]

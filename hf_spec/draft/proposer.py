@@ -35,14 +35,16 @@ class DraftModelProposer:
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
-        target_device = rows[0].device
+        # the processors run where generate() built them, on the committed tokens' device; the draft's forward
+        # takes its tokens to its own (execution) device, and its logits come back (a copy only where they differ)
+        device = rows[0].device
         k = min(k, max_depth)
         if k == 0:
             return Proposal(tokens=rows[0].new_empty(len(rows), 0), probs=None)
-        prefixes = [row.to(self.draft.device) for row in rows]
+        prefixes = list(rows)
         feed, valid, counts = self._catch_up(prefixes)
         self._pending = (self.draft.length, feed.shape[1], counts, [p.shape[1] for p in prefixes], k)
-        logits = self.draft.forward(feed, logits_to_keep=1, valid=valid).logits[:, -1].float()  # [batch, vocab]
+        logits = self.draft.forward(feed, logits_to_keep=1, valid=valid).logits[:, -1].float().to(device)
         probs = []
         for i in range(k):
             choices = [self._next_token(logits[r : r + 1], prefix, logits_processor, do_sample, r, len(rows))
@@ -51,9 +53,9 @@ class DraftModelProposer:
             probs.append(torch.cat([q for _, q in choices]) if do_sample else None)
             prefixes = [torch.cat([prefix, token], dim=-1) for prefix, (token, _) in zip(prefixes, choices)]
             if i < k - 1:
-                logits = self.draft.forward(step_tokens, logits_to_keep=1).logits[:, -1].float()
-        tokens = torch.cat([prefix[:, -k:] for prefix in prefixes]).to(target_device)
-        return Proposal(tokens=tokens, probs=torch.stack(probs, dim=1).to(target_device) if do_sample else None)
+                logits = self.draft.forward(step_tokens, logits_to_keep=1).logits[:, -1].float().to(device)
+        tokens = torch.cat([prefix[:, -k:] for prefix in prefixes])  # [batch, k]
+        return Proposal(tokens=tokens, probs=torch.stack(probs, dim=1) if do_sample else None)
 
     def _catch_up(self, prefixes: list[torch.LongTensor]) -> tuple[torch.LongTensor, torch.BoolTensor, list[int]]:
         """The committed tokens each row's cache lacks, as one block [batch, width] with holes in front of the rows

@@ -10,6 +10,7 @@ from ..draft.forms import AUTO
 from ..draft.generate import draft_token_map
 from ..engine.call import DecodingCall
 from ..engine.memory import pair_memory
+from ..engine.placement import execution_device
 from ..engine.loop import speculative_generate
 from ..engine.schedule import SpeculationLength
 from ..engine.trees import resolve_tree, validate_tree
@@ -33,7 +34,7 @@ def resolve_eagle(eagle_model, target, revision=None, token=None) -> EagleDraft:
         return load_eagle_draft(eagle_model, target=target, revision=revision, token=token)
     if isinstance(eagle_model, EagleDraft):
         check_fits(eagle_model, target)
-        return eagle_model.to(target.device)
+        return eagle_model.to(execution_device(target))
     raise TypeError(f"eagle_model must be a Hub id, a path or an EagleDraft; got {type(eagle_model).__name__}.")
 
 
@@ -91,7 +92,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     TREE_DEPTH.check("tree_depth", tree_depth, "strategy='eagle': ")
     TREE_TOP_K.check("tree_top_k", tree_top_k, "strategy='eagle': ")
     paths = static_tree(tree)
-    verifier = get_verifier(tree_verifier, model.device)
+    verifier = get_verifier(tree_verifier, execution_device(model))
     if draft_vocab_size is not None:
         DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)
     draft = resolve_eagle(eagle_model, model, revision, token)

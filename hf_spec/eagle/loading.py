@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig
 
+from ..engine.placement import execution_device
 from ..token_map import TokenMap
 from ..weights import RepoFiles, read_pt, read_safetensors
 from .model import EagleDraft
@@ -113,7 +114,7 @@ def eagle_from_state_dict(state: dict[str, torch.Tensor], config: dict, target) 
                        sliding_window=sliding_window(layer_config))
     _check_keys_and_shapes(draft, state, version, _to_speculators if speculators else str)
     draft.load_state_dict(state, strict=True)
-    return draft.to(device=target.device, dtype=target.dtype).eval()
+    return draft.to(device=execution_device(target), dtype=target.dtype).eval()
 
 
 LAYOUTS = ("eagle3", "speculators")

@@ -104,7 +104,7 @@ class EagleDraft(nn.Module):
         all n)."""
         layer = self.layer
         embed = self.embed_tokens if self.embed_tokens is not None else target_embedding
-        embedding = embed(tokens).to(features.dtype)
+        embedding = embed(tokens).to(features.device, features.dtype)  # a target placed by accelerate answers elsewhere
         if self.version == 1:
             x = self.fc(torch.cat([embedding, features], dim=-1))
             attention_input = x
@@ -122,6 +122,6 @@ class EagleDraft(nn.Module):
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         scored = x[:, -logits_to_keep:] if logits_to_keep else x
         if self.version == 1:
-            return x, target_head(scored).float()
+            return x, target_head(scored).float().to(x.device)
         logits = self.lm_head(self.norm(scored)).float()
         return x, logits if self.token_map is None else self.token_map.to_full(logits)

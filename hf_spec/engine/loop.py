@@ -54,10 +54,10 @@ class _Decoding:
         self.stats = SpecStats(strategy=proposer.name, batch_size=batch_size)
         self.row_stats = [self.stats] if batch_size == 1 else [SpecStats(strategy=proposer.name)
                                                               for _ in range(batch_size)]
-        self.timer = StepTimer(self.stats, call.model.device)
         self.cache = take_cache(call.model_kwargs) or new_cache(call.model)
         check_rollback_supported(self.cache, f"strategy={proposer.name!r}")
         self.target = CachedModel(call.model, self.cache, batch_size, tree_verifier.compact_layer)
+        self.timer = StepTimer(self.stats, self.target.device)
         self.recorder = OutputRecorder(call.generation_config, batch_size)
         self.rows = list(call.input_ids.split(1))  # each row's committed tokens [1, S_r], left padding included
         self.finished = [False] * batch_size

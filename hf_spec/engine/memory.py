@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from .auto import ProbeCadence
 from .costs import Costs
 from .estimates import AnswerLengths, ConfidenceCalibration, PositionSurvival
+from .placement import execution_device
 
 
 @dataclass
@@ -85,7 +86,7 @@ def _settings(model) -> tuple:
     if config is None:  # Medusa heads
         return (str(next(model.parameters()).device),)
     quantization = getattr(config, "quantization_config", None) or getattr(model, "hf_spec_quantization", None)
-    return (str(model.device), str(model.dtype), str(quantization))
+    return (str(execution_device(model)), str(model.dtype), str(quantization))
 
 
 _MEMORY = PairMemories()

@@ -10,6 +10,7 @@ from transformers.cache_utils import Cache
 
 from ..verify.backends import compact_layer_torch
 from .cache import cache_kwargs, keep_path, rollback
+from .placement import execution_device
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,7 +60,7 @@ class CachedModel:
         self.head = head
         self._network = model if head is None else model.base_model
         self.compact_layer = compact_layer
-        self.device = model.device
+        self.device = execution_device(model)  # where its inputs go (not model.device: 'meta' when offloaded)
         self.batch_size = batch_size
         self._valid: torch.BoolTensor | None = None
         self._cache_kwargs = cache_kwargs(self._network, cache)

@@ -34,7 +34,7 @@ def forward_seconds_by_width(model, context: int, blocks: Mapping[int, TreeBuffe
 
     def verify(width: int) -> float:
         seconds = elapsed(lambda: runner.forward(tokens[width], logits_to_keep=width, **layouts[width]),
-                          model.device)
+                          runner.device)
         runner.rollback(context)
         return seconds
 
@@ -66,8 +66,7 @@ def forward_seconds_by_model(forms: Mapping[str, tuple[object, object]], context
     with torch.no_grad():
         for round_ in range(repeats + 1):
             for name, runner in runners.items():
-                model = forms[name][0]
-                seconds = elapsed(lambda: runner.forward(steps[name], logits_to_keep=width), model.device)
+                seconds = elapsed(lambda: runner.forward(steps[name], logits_to_keep=width), runner.device)
                 runner.rollback(context)
                 if round_:  # the first round warms each form up
                     times[name].append(seconds)

@@ -8,6 +8,7 @@ from ..engine.call import DecodingCall
 from ..engine.costs import Costs
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
+from ..engine.placement import execution_device
 from ..engine.schedule import Schedule, SpeculationLength
 from ..settings import MAX_MATCHING_NGRAM_SIZE, PROMPT_LOOKUP_NUM_TOKENS
 from ..verify import Acceptance, get_verifier
@@ -42,7 +43,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
                            generation_config, token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, own_options=LOOKUP_OPTIONS, **model_kwargs)
     num_tokens, max_ngram = lookup_settings(generation_config)
-    verifier = get_verifier(tree_verifier, model.device)
+    verifier = get_verifier(tree_verifier, execution_device(model))
     schedule = lookup_schedule(num_speculative_tokens, model, "prompt_lookup", num_tokens, cache_costs)
     proposer = lookup_proposer(call, num_tokens, max_ngram, schedule)
     return speculative_generate(call, proposer, schedule, Acceptance(call.do_sample, tree_rules=verifier),

@@ -12,6 +12,7 @@ from ..engine.auto import AutoTree
 from ..engine.call import DecodingCall
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
+from ..engine.placement import execution_device
 from ..engine.schedule import SpeculationLength
 from ..engine.trees import DEFAULT_TREE, resolve_tree, validate_tree
 from ..settings import DRAFT_VOCAB_SIZE
@@ -32,7 +33,7 @@ def resolve_heads(medusa_heads, model, revision=None, token=None) -> MedusaHeads
     if isinstance(medusa_heads, (str, os.PathLike)):
         return load_medusa_heads(medusa_heads, base_model=model, revision=revision, token=token)
     if isinstance(medusa_heads, MedusaHeads):
-        return medusa_heads.to(model.device).attach(model)
+        return medusa_heads.to(execution_device(model)).attach(model)
     raise TypeError(f"medusa_heads must be a Hub id, a path or MedusaHeads; got {type(medusa_heads).__name__}.")
 
 
@@ -63,7 +64,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     call = DecodingCall.of("medusa", model, input_ids, logits_processor, stopping_criteria, generation_config,
                            token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, **model_kwargs)
-    verifier = get_verifier(tree_verifier, model.device)
+    verifier = get_verifier(tree_verifier, execution_device(model))
     rule = Acceptance(call.do_sample, acceptance, posterior_threshold, posterior_alpha, verifier)
     if draft_vocab_size is not None:
         DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)

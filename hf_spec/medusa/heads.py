@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..engine.placement import execution_device
 from ..token_map import TokenMap
 
 CONFIG_NAME = "config.json"
@@ -139,8 +140,8 @@ class MedusaHeads(nn.Module):
             if not self._base_lm_head:
                 raise RuntimeError("These Medusa heads share the base model's lm_head: call heads.attach(model) "
                                    "first (or load them with base_model=).")
-            lm_head = self._base_lm_head[0]
-            out = lm_head(out.to(lm_head.weight.dtype))
+            lm_head = self._base_lm_head[0]  # placed by accelerate, it may compute (and answer) elsewhere
+            out = lm_head(out.to(lm_head.weight.dtype)).to(hidden.device)
         return out if self.token_map is None else self.token_map.to_full(out)
 
     @classmethod
@@ -148,7 +149,7 @@ class MedusaHeads(nn.Module):
         """Randomly initialised heads that fit ``model`` (its hidden size, vocabulary, device and dtype)."""
         heads = cls(model.config.get_text_config().hidden_size, model.get_output_embeddings().weight.shape[0],
                     num_heads, num_layers, getattr(model, "name_or_path", None), shared_lm_head)
-        return heads.to(device=model.device, dtype=model.dtype).attach(model)
+        return heads.to(device=execution_device(model), dtype=model.dtype).attach(model)
 
     def with_own_lm_heads(self) -> "MedusaHeads":
         """The upstream layout of shared-layout heads: each head gets a copy of the base lm_head."""

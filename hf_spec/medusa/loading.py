@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..engine.placement import execution_device
 from ..token_map import TokenMap
 from ..weights import RepoFiles, read_json, read_pt, read_safetensors
 from .heads import CONFIG_NAME, PT_NAME, SAFETENSORS_NAME, VLLM_MODEL_TYPE, MedusaHeads, check_fits
@@ -53,7 +54,7 @@ def load_medusa_heads(name_or_path: str | os.PathLike, *, base_model=None, revis
         heads = heads_from_state_dict(_read_upstream(files, str(name_or_path)), config, base_model)
     heads.name_or_path = str(name_or_path)
     if base_model is not None:
-        device, dtype = device or base_model.device, dtype or base_model.dtype
+        device, dtype = device or execution_device(base_model), dtype or base_model.dtype
     return heads.to(device=device, dtype=dtype).eval()
 
 
