@@ -9,15 +9,22 @@ Bytes per parameter: float32 4, float16/bfloat16 2, 8bit 1 (bitsandbytes int8; e
 16-bit), 4bit 0.5 plus NF4's scales (one per 64 weights; double quantization stores them in 8 bits with one
 float32 per 256 of them: 0.5 + 1/64 + 4/(64*256) bytes), embeddings and lm_head 16-bit.
 KV cache: 2 (keys, values) x layers x kv_heads x head_dim x tokens x batch x bytes per element.
+
+Where the pair does not fit with room to speculate, the plan says how to load the target with accelerate
+(``device_map="auto"`` with a ``max_memory`` that leaves the GPU room for the draft, or the heads, and both KV
+caches) and where transformers would then put each of its layers: computed as ``from_pretrained`` computes it
+(transformers' balanced memory and placement) on an empty model built from the config, so still no weights.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import AutoConfig, PretrainedConfig
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 GiB = 1024**3
 BYTES_PER_PARAM = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "8bit": 1.0, "4bit": 0.5 + 1 / 64 + 4 / (64 * 256)}
@@ -145,6 +152,7 @@ class Plan:
     options: dict[str, int] = field(default_factory=dict)  # configuration -> total bytes
     verdict: str = ""
     margin_bytes: int = 0
+    offload: "Offload | None" = None  # how to load the target where the pair does not fit with room to speculate
 
     def table(self) -> str:
         lines = [f"{what + ' parameters':<44} {format_count(count):>8}" for what, count in self.parameters]
@@ -154,13 +162,74 @@ class Plan:
         lines += [f"{'total, ' + name:<44} {size / GiB:>8.2f}" for name, size in self.options.items()]
         sign = "+" if self.margin_bytes >= 0 else "-"
         lines.append(f"verdict: {self.verdict} (margin {sign}{abs(self.margin_bytes) / GiB:.2f} GiB)")
+        if self.offload is not None:
+            lines += self.offload.lines()
         return "\n".join(lines)
 
 
+@dataclass
+class Offload:
+    """Loading the target with ``from_pretrained(..., device_map="auto", max_memory=max_memory)`` (and an
+    ``offload_folder`` where ``placement`` puts modules on "disk"), beside ``beside`` on the GPU."""
+
+    max_memory: dict  # {0: bytes, "cpu": bytes}
+    placement: dict  # module name -> 0, "cpu" or "disk", as transformers would place it
+    beside: str  # what else the GPU holds, e.g. "the 4bit draft and both KV caches"
+
+    @property
+    def needs_disk(self) -> bool:
+        return "disk" in self.placement.values()
+
+    def layers_on(self, device) -> int:
+        return sum(1 for name in _layer_names(self.placement) if self.placement[name] == device)
+
+    def lines(self) -> list[str]:
+        memory = ", ".join(f"{key!r}: '{size / GiB:.2f}GiB'" for key, size in self.max_memory.items())
+        folder = ', offload_folder="offload"' if self.needs_disk else ""
+        lines = [f"offload: load the target with device_map=\"auto\", max_memory={{{memory}}}{folder}",
+                 f"  to leave GPU 0 room for {self.beside}; transformers would place:"]
+        for device in dict.fromkeys(self.placement.values()):
+            layers = self.layers_on(device)
+            others = [name for name, where in self.placement.items()
+                      if where == device and name not in _layer_names(self.placement)]
+            what = ", ".join(([f"{layers} decoder layers"] if layers else []) + others)
+            lines.append(f"  {'GPU 0' if device == 0 else device}: {what}")
+        lines.append("  each step reads the offloaded layers once, however many tokens it verifies: speculation "
+                     "pays more here")
+        return lines
+
+
+def _layer_names(placement: dict) -> list[str]:
+    """The decoder layers among a device map's module names (e.g. "model.layers.7")."""
+    return [name for name in placement if re.fullmatch(r"(.+\.)?layers\.\d+", name)]
+
+
+def offload_placement(config: PretrainedConfig, dtype: str, max_memory: dict) -> dict:
+    """Where ``from_pretrained(device_map="auto", max_memory=max_memory)`` would put each module of a model with
+    ``config`` in ``dtype``: transformers' own balanced memory and placement, on an empty model (no weights).
+    ``max_memory``: {device: bytes}, devices as accelerate names them (0 for the first GPU, "cpu", "disk")."""
+    from transformers.integrations.accelerate import get_balanced_memory, infer_auto_device_map
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    no_split = model._no_split_modules
+    quiet = logging.getLogger("accelerate.utils.modeling")  # "Device 0 is not available" where planning elsewhere
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        budgets = get_balanced_memory(model, max_memory=dict(max_memory), no_split_module_classes=no_split)
+        return infer_auto_device_map(model, max_memory=budgets, no_split_module_classes=no_split)
+    finally:
+        quiet.setLevel(level)
+
+
 def plan(target, draft=None, *, gpu_memory="24GB", max_model_len: int = 4096, batch_size: int = 1,
-         dtype: str = "float16", draft_quantization: str | None = None, medusa_heads=None) -> Plan:
+         dtype: str = "float16", draft_quantization: str | None = None, medusa_heads=None,
+         cpu_memory=None) -> Plan:
     """Estimate memory for target + draft (full precision and 4-bit) or target + Medusa heads, with KV caches
-    for ``max_model_len`` tokens of ``batch_size`` rows, against ``gpu_memory``; the first that fits wins."""
+    for ``max_model_len`` tokens of ``batch_size`` rows, against ``gpu_memory``; the first that fits wins. Where
+    none leaves room to speculate, ``offload`` says how to load the target with part of it in CPU memory (at most
+    ``cpu_memory``; None: as much as it needs) and the rest on disk."""
     gpu = parse_memory(gpu_memory)
     target_config = load_config(target)
     element = int(BYTES_PER_PARAM[dtype])
@@ -171,6 +240,7 @@ def plan(target, draft=None, *, gpu_memory="24GB", max_model_len: int = 4096, ba
     result.parameters.append(("target", sum(count_parameters(target_config).values())))
     result.rows += [(f"target weights ({dtype})", target_weights), (f"target KV cache ({max_model_len} tokens)", target_kv)]
     base = target_weights + target_kv
+    beside = {}  # what else the GPU must hold, by what speculates -> (bytes, words)
     if draft is not None:
         draft_config = load_config(draft)
         result.parameters.append(("draft", sum(count_parameters(draft_config).values())))
@@ -182,6 +252,7 @@ def plan(target, draft=None, *, gpu_memory="24GB", max_model_len: int = 4096, ba
             result.rows.append((f"draft weights ({precision})", weights))
             total = base + weights + draft_kv
             result.options[f"with {precision} draft"] = total + overhead(total)
+            beside["draft"] = (weights + draft_kv, f"the {precision} draft and both KV caches")
     if medusa_heads is not None:
         heads_config = load_medusa_config(medusa_heads)
         t = _text(target_config)
@@ -196,9 +267,25 @@ def plan(target, draft=None, *, gpu_memory="24GB", max_model_len: int = 4096, ba
         result.rows.append((f"Medusa heads ({dtype})", heads * element))
         total = base + heads * element
         result.options["with Medusa heads"] = total + overhead(total)
+        beside.setdefault("heads", (heads * element, "the Medusa heads and the KV cache"))
     result.options["target alone"] = base + overhead(base)
     result.verdict, result.margin_bytes = _verdict(result.options, gpu)
+    if beside and result.verdict in ("does not fit", "only the target fits: no room for speculation"):
+        result.offload = _offload(target_config, dtype, gpu, target_weights, target_kv, *min(beside.values()),
+                                  parse_memory(cpu_memory) if cpu_memory is not None else None)
     return result
+
+
+def _offload(config, dtype: str, gpu: int, target_weights: int, target_kv: int, beside_bytes: int, beside: str,
+             cpu: int | None) -> Offload | None:
+    """The target offloaded so that the GPU keeps room for what speculates beside it (the smallest form: e.g. the
+    4-bit draft) and both KV caches, with the planner's runtime allowance; None where not even that fits."""
+    room = gpu - target_kv - beside_bytes
+    room -= int(RUNTIME_OVERHEAD_BYTES + ACTIVATION_SHARE * (room + target_kv + beside_bytes))
+    if room <= 0:
+        return None
+    max_memory = {0: room, "cpu": cpu if cpu is not None else target_weights + GiB}
+    return Offload(max_memory, offload_placement(config, dtype, max_memory), beside)
 
 
 def _verdict(options: dict[str, int], gpu: int) -> tuple[str, int]:

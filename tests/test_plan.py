@@ -128,3 +128,47 @@ def test_plan_refuses_heads_of_another_model_and_folders_without_heads(tmp_path)
     LLAMA_2_7B.save_pretrained(tmp_path / "model")
     with pytest.raises(ValueError, match="not Medusa heads"):
         plan(LLAMA_2_7B, medusa_heads=str(tmp_path / "model"))
+
+
+def test_where_the_pair_does_not_fit_the_plan_says_how_to_offload_the_target():
+    """Llama-2-7B on an 8 GB card: the 4-bit draft and both caches stay on the GPU, the embeddings and 8 layers beside
+    them, the other 24 layers in CPU memory; with 4 GB of it, 9 there and 15 on disk."""
+    result = plan(LLAMA_2_7B, TINYLLAMA, gpu_memory="8GB")
+    assert result.verdict == "does not fit" and result.offload is not None
+    offload = result.offload
+    assert (offload.layers_on(0), offload.layers_on("cpu"), offload.layers_on("disk")) == (8, 24, 0)
+    assert offload.placement["model.embed_tokens"] == 0 and not offload.needs_disk
+    assert "the 4bit draft" in offload.beside and 'device_map="auto"' in result.table()
+    on_disk = plan(LLAMA_2_7B, TINYLLAMA, gpu_memory="8GB", cpu_memory="4GB").offload
+    assert (on_disk.layers_on(0), on_disk.layers_on("cpu"), on_disk.layers_on("disk")) == (8, 9, 15)
+    assert 'offload_folder="offload"' in "\n".join(on_disk.lines())
+    assert plan(LLAMA_2_7B, TINYLLAMA, gpu_memory="24GB").offload is None  # it fits: nothing to advise
+    assert plan(LLAMA_2_7B, gpu_memory="8GB").offload is None  # nothing speculates beside it
+
+
+@pytest.mark.parametrize("budget", [80_000, 150_000])
+def test_the_placement_the_plan_predicts_is_where_from_pretrained_puts_the_layers(tmp_path, budget):
+    """The planner's placement for a CPU budget (the GPU's part in a plan) against where from_pretrained(device_map=
+    "auto") actually puts a saved model's modules with that budget, the rest offloaded to disk."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_spec.plan import offload_placement
+
+    tiny_causal_lm("llama", num_layers=6).save_pretrained(tmp_path / "model")
+    placed = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map="auto", max_memory={"cpu": budget},
+                                                  offload_folder=str(tmp_path / "offload"))
+    assert set(placed.hf_device_map.values()) == {"cpu", "disk"}  # the budget splits the model
+    predicted = offload_placement(placed.config, "float32", {"cpu": budget})
+    assert predicted == placed.hf_device_map
+
+
+def test_the_command_prints_the_offload_advice(tmp_path, capsys):
+    from hf_spec.cli import main
+
+    LLAMA_2_7B.save_pretrained(tmp_path / "target")
+    TINYLLAMA.save_pretrained(tmp_path / "draft")
+    assert main(["plan", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+                 "--gpu-memory", "8GB", "--cpu-memory", "4GB"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: does not fit" in out and "'cpu': '4.00GiB'}, offload_folder=\"offload\"" in out
+    assert "GPU 0: 8 decoder layers, model.embed_tokens" in out and "disk: 15 decoder layers" in out
