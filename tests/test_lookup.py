@@ -110,15 +110,24 @@ def test_lookup_pays_on_repetitive_text(target, tokenizer):
 
 @pytest.mark.parametrize("settings", [{"prompt_lookup_num_tokens": 3}, {"max_matching_ngram_size": 3},
                                       {"prompt_lookup_num_tokens": 1, "max_matching_ngram_size": 1}])
-def test_transformers_settings_are_read(target, tokenizer, settings):
+def test_transformers_settings_are_read(target, tokenizer, settings, monkeypatch):
+    """Each match is looked up with the n-gram size asked (transformers' default 2 where unset), and the lookup
+    proposes exactly as deep as asked (10 where unset): the text repeats, so its matches run deeper than 3."""
+    lookup_proposer = importlib.import_module("hf_spec.lookup.proposer")
+    ngram_sizes = []
+    monkeypatch.setattr(lookup_proposer, "ranked_matches", lambda text, max_ngram: ngram_sizes.append(max_ngram) or
+                        ranked_matches(text, max_ngram))
     inputs = tokenizer("abcabcabc", return_tensors="pt")
     expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
     out = target.generate(**inputs, max_new_tokens=30, do_sample=False, strategy="prompt_lookup",
                           num_speculative_tokens=20, **settings)
     assert torch.equal(out, expected)
-    depth = settings.get("prompt_lookup_num_tokens", 10)
-    assert max(hf_spec.last_stats().accepted_by_position and [depth]) <= depth
-    assert len(hf_spec.last_stats().proposed_by_position) <= depth
+    assert ngram_sizes and set(ngram_sizes) == {settings.get("max_matching_ngram_size", 2)}
+    depth = len(hf_spec.last_stats().proposed_by_position)  # the deepest position any step proposed
+    if "prompt_lookup_num_tokens" in settings:
+        assert depth == settings["prompt_lookup_num_tokens"]
+    else:
+        assert 3 < depth <= 10
 
 
 @pytest.mark.parametrize("setting", ["prompt_lookup_num_tokens", "max_matching_ngram_size"])
