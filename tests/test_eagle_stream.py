@@ -177,3 +177,23 @@ def test_a_run_that_trained_on_nothing_writes_no_draft_and_gives_its_numbers(mod
         train_eagle(model, tmp_path / "steps", conversations, max_steps=0, **options)
     for folder in ("empty", "prompts", "split", "steps"):
         assert not (tmp_path / folder / "config.json").exists(), folder
+
+
+def test_a_budget_inside_a_shard_is_said_with_how_far_the_run_went_past_it(model, questions, tmp_path):
+    printed = train(model, tmp_path, questions, config={"max_tokens": 50})  # shards of 120 labelled tokens
+    tokens = json.loads((tmp_path / "trained.json").read_text())["tokens"]
+    assert tokens > 50
+    assert f"That is {tokens - 50:,} labelled tokens past max_tokens (50): a run trains whole shards (each closed " \
+           "once it holds 120 labelled tokens" in "\n".join(printed)
+
+
+def test_a_damaged_shard_or_checkpoint_is_refused_with_what_to_do(model, questions, tmp_path):
+    train(model, tmp_path, questions, config={"checkpoint_every": 1}, max_steps=4)
+    shard = sorted((tmp_path / "shards").glob("shard-*.pt"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # e.g. a copy of the run folder cut short
+    with pytest.raises(ValueError, match=f"{shard} cannot be read as a labelled shard .*Delete it and run again "
+                                         "with resume"):
+        train(model, tmp_path, questions, resume=True)
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="checkpoint.pt cannot be read as a checkpoint"):
+        train(model, tmp_path, questions, resume=True)

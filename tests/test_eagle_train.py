@@ -372,3 +372,27 @@ def test_training_into_the_targets_own_folder_is_refused_before_any_work(tmp_pat
     with pytest.raises(ValueError, match=f"The output folder {tmp_path} holds the model folder {folder}"):
         train_eagle(str(folder), tmp_path, progress=False, print_fn=lambda *a: None)
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+def test_resuming_a_run_folder_another_trainer_wrote_is_refused_with_what_to_do(tmp_path):
+    from hf_spec.training.eagle_stream import checkpoint_vocabulary
+
+    torch.save({"model": {}, "optimizer": {}, "schedule": {}, "step": 3, "log": [], "config": {}, "extra": {}},
+               tmp_path / "checkpoint.pt")  # what train-pard writes
+    with pytest.raises(ValueError, match="is not a train-eagle checkpoint \\(it lacks 'draft', 'progress', "
+                                         "'token_map', 'rng'.*train-pard wrote it"):
+        checkpoint_vocabulary(tmp_path)
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="cannot be read as a checkpoint"):
+        checkpoint_vocabulary(tmp_path)
+
+
+def test_a_damaged_batch_of_continuations_is_refused_with_what_to_do(tokenizer, tmp_path):
+    model = tiny_causal_lm("llama", seed=5).requires_grad_(False)
+    prompts = [Prompt(str(i), "text", f"prompt {i}") for i in range(3)]
+    self_distill(model, tokenizer, prompts, max_new_tokens=3, batch_size=2, progress=False, shards=tmp_path)
+    batch = sorted(tmp_path.glob("batch-*.pt"))[0]
+    batch.write_bytes(batch.read_bytes()[:50])
+    with pytest.raises(ValueError, match=f"{batch} cannot be read as a batch of continuations .*Delete it and run "
+                                         "again"):
+        self_distill(model, tokenizer, prompts, max_new_tokens=3, batch_size=2, progress=False, shards=tmp_path)

@@ -252,3 +252,54 @@ def test_training_into_the_drafts_own_folder_is_refused_before_any_work(tmp_path
         with pytest.raises(ValueError, match=f"The output folder {folder} is the draft folder {folder}.*another output"):
             train_pard(draft, folder, patterns(8), tokenizer=tokenizer, progress=False, print_fn=lambda *a: None)
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+def test_a_cut_off_or_foreign_checkpoint_is_refused_with_what_to_do(tmp_path, tokenizer):
+    config = PardConfig(k=3, batch_size=4, warmup_steps=2)
+    sequences = token_sequences(patterns(8), tokenizer, 512)
+    model = tiny_draft()
+    token = prepare_draft(model, tokenizer, config)
+    train_steps(model, sequences, config, token, tmp_path, progress=False, max_steps=1)
+    checkpoint = tmp_path / "checkpoint.pt"
+    whole = checkpoint.read_bytes()
+    checkpoint.write_bytes(whole[: len(whole) // 2])  # a copy interrupted halfway
+    with pytest.raises(ValueError, match="checkpoint.pt cannot be read as a checkpoint .*cut off or damaged.*start "
+                                         "afresh without resume"):
+        train_steps(model, sequences, config, token, tmp_path, resume=True, progress=False, max_steps=2)
+    torch.save({"draft": {}, "optimizer": {}, "progress": {}, "log": [], "token_map": None}, checkpoint)
+    with pytest.raises(ValueError, match="is not a train-pard checkpoint \\(it lacks 'model', 'schedule', 'step'.*"
+                                         "train-eagle wrote it. Resume that run with the command that wrote it"):
+        train_steps(model, sequences, config, token, tmp_path, resume=True, progress=False, max_steps=2)
+
+
+def test_train_pard_resume_on_a_damaged_checkpoint_is_one_line_and_no_traceback(tmp_path, tokenizer, capsys):
+    from hf_spec.cli import main
+
+    draft, output, data = tmp_path / "draft", tmp_path / "run", tmp_path / "documents"
+    tiny_draft().save_pretrained(draft)
+    tokenizer.save_pretrained(draft)
+    data.mkdir()
+    (data / "text.txt").write_text("\n".join(patterns(8)) + "\n")
+    output.mkdir()
+    (output / "checkpoint.pt").write_bytes(b"PK\x03\x04 cut off")
+    with pytest.raises(SystemExit) as excinfo:
+        main(["train-pard", "--draft", str(draft), "--output", str(output), "--data", str(data), "--resume",
+              "--k", "2", "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert excinfo.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("hf-spec train-pard: error: ") and "cannot be read" in err
+
+
+def test_a_token_budget_below_one_sequence_is_refused_and_a_budget_is_honoured(tokenizer, tmp_path, capsys):
+    texts = patterns(40)  # 40 x 24 characters
+    with pytest.raises(ValueError, match="max_tokens 1 holds no training sequence: a sequence is 2 tokens or more"):
+        token_sequences(texts, tokenizer, 512, max_tokens=1)
+    for budget in (2, 3, 25, 49, 100):
+        assert sum(map(len, token_sequences(texts, tokenizer, 512, max_tokens=budget))) in (budget - 1, budget)
+    from hf_spec.cli import main
+
+    with pytest.raises(SystemExit) as excinfo:  # before any model loads: org/draft is never looked up
+        main(["train-pard", "--draft", "org/draft", "--output", str(tmp_path), "--max-tokens", "1"])
+    err = capsys.readouterr().err
+    assert excinfo.value.code == 2 and "Traceback" not in err
+    assert "error: --max-tokens 1 holds no training sequence" in err.strip().splitlines()[-1]

@@ -34,7 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=positive_int, help="steps of linear learning-rate warm-up")
     parser.add_argument("--max-tokens", type=positive_int,
                         help="stop labelling once this many labelled tokens are trained on (default: the whole "
-                             "data); resumed with a larger one, the run goes on")
+                             "data), at the end of the shard that reaches it (the run says by how much it went "
+                             "past); resumed with a larger one, the run goes on")
+    parser.add_argument("--shard-tokens", type=positive_int,
+                        help="labelled tokens a shard holds (default 16384): labelled, trained on, then deleted; a "
+                             "run stops at a shard's end, so a small --max-tokens wants shards no larger")
     parser.add_argument("--schedule", choices=("constant", "cosine"),
                         help="the learning rate after warm-up: constant (default: no total needed, milestones "
                              "comparable, a run extendable), or cosine to 0 over --max-tokens")

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     if args.k is not None and args.k > MAX_K:
         raise ValueError(f"--k {args.k}: a parallel draft learns at most {MAX_K} proposals a step.")
+    from ..training.pard_data import check_max_tokens
+
+    check_max_tokens(args.max_tokens, "--max-tokens")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..engine.runner import takes_logits_to_keep
 from ..conversations import read_conversations
 from ..prompts import SPEC_BENCH_QUESTIONS, Prompt, encode_ids, left_padded, load_prompts
+from .optimization import read_torch_file
 
 IGNORE = -100
 
@@ -177,7 +178,8 @@ def _read_shards(folder: Path, encoded: list[list[int]]) -> dict[int, Continuati
     """The continuations the shards in ``folder`` hold, by prompt index; each must continue its prompt."""
     results = {}
     for path in sorted(folder.glob(SHARDS)):
-        for c in torch.load(path, map_location="cpu", weights_only=True):
+        remedy = "Delete it and run again: a generation batch that is not there is made again."
+        for c in read_torch_file(path, remedy, what="a batch of continuations"):
             i = c.get("prompt", -1)
             if not 0 <= i < len(encoded) or c["tokens"][: c["prompt_length"]] != encoded[i]:
                 raise ValueError(f"{path} does not continue these {len(encoded)} prompts (it names prompt {i}): it "

@@ -163,6 +163,15 @@ def _shard_folder(output_dir: Path, settings: dict, resume: bool) -> Path:
     return folder
 
 
+def past_budget(tokens: int, config: EagleTrainConfig) -> str:
+    """What a run that trained past ``max_tokens`` says: a shard is trained whole (a resumed run with a larger budget
+    then goes on where an unbudgeted one would be), so a budget inside a shard is met at the shard's end."""
+    return (f"That is {tokens - config.max_tokens:,} labelled tokens past max_tokens ({config.max_tokens:,}): a run "
+            f"trains whole shards (each closed once it holds {config.shard_tokens:,} labelled tokens: shard_tokens, "
+            "--shard-tokens), so it stopped at the end of the shard that reached the budget; smaller shards stop "
+            "nearer it.")
+
+
 def nothing_trained(progress: TrainingProgress, what: str) -> str:
     """Why a run that trained on nothing writes no draft, with its numbers."""
     skipped = "; ".join(f"{n} {reason}" for reason, n in sorted(progress.skipped.items(), key=lambda kv: -kv[1]))
@@ -283,6 +292,8 @@ def train_eagle(model, output_dir: str | Path | None = None, data=None, *, token
              f"({done.step:,} steps, {done.epoch} of {config.epochs} epochs done); the draft has "
              f"{sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M parameters (vocabulary "
              f"{draft.lm_head.out_features} of {vocab})")
+    if config.max_tokens and done.tokens > config.max_tokens:
+        print_fn(past_budget(done.tokens, config))
     save_eagle_draft(draft.to(model.dtype), run.output_dir)
     (run.output_dir / TRAINED).write_text(json.dumps(done.trained()) + "\n")
     draft = load_eagle_draft(run.output_dir, target=model)  # what strategy="eagle" will run, in the model's dtype

@@ -31,10 +31,11 @@ from tqdm.auto import tqdm
 from ..eagle.loading import save_eagle_draft
 from ..eagle.model import EagleDraft
 from .eagle_draft import Batch, draft_index, step_losses
-from .optimization import CheckpointClock, stopped
+from .optimization import CheckpointClock, read_checkpoint, stopped
 from .shards import Shard, ShardStream
 
 CHECKPOINT, MILESTONES = "checkpoint.pt", "milestones"
+CHECKPOINT_ENTRIES = ("optimizer", "progress", "log", "token_map", "rng")  # beside the draft's weights
 
 
 @dataclass
@@ -114,9 +115,7 @@ class DraftTrainer:
     def load(self) -> None:
         """Restore what ``save`` wrote (strictly); the draft must have been built with the checkpoint's vocabulary
         (``checkpoint_vocabulary``)."""
-        if not self.checkpoint.is_file():
-            raise FileNotFoundError(f"Nothing to resume: {self.checkpoint} does not exist.")
-        state = torch.load(self.checkpoint, map_location=self.draft.device, weights_only=True)
+        state = read_checkpoint(self.checkpoint, "draft", CHECKPOINT_ENTRIES, self.draft.device)
         self.draft.load_state_dict(state["draft"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.progress, self.log = TrainingProgress(**state["progress"]), list(state["log"])
@@ -262,5 +261,4 @@ class DraftTrainer:
 
 def checkpoint_vocabulary(output_dir: str | Path) -> torch.LongTensor | None:
     """The draft vocabulary (target ids) a checkpoint was trained with, to build its draft before loading it."""
-    state = torch.load(Path(output_dir) / CHECKPOINT, map_location="cpu", weights_only=True)
-    return state["token_map"]
+    return read_checkpoint(Path(output_dir) / CHECKPOINT, "draft", CHECKPOINT_ENTRIES)["token_map"]

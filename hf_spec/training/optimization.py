@@ -4,6 +4,7 @@ stop asked for by Ctrl-C or ``kill`` that the trainer honours at the next point 
 from __future__ import annotations
 
 import math
+import pickle
 import signal
 import threading
 import time
@@ -66,13 +67,43 @@ class CheckpointClock:
         return False
 
 
+def read_torch_file(path: Path, remedy: str, map_location="cpu", what: str = "a torch file"):
+    """What ``torch.save`` wrote to ``path`` (tensors and plain containers only); a file cut off or damaged is
+    refused naming it, with ``remedy`` (what to do), not with the unpickler's traceback."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:  # e.g. "failed reading zip archive"
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{path} cannot be read as {what} ({reason}): it is cut off or damaged (e.g. a copy "
+                         f"interrupted, a full disk). {remedy}") from None
+
+
+WRITERS = {"heads": "train-medusa", "draft": "train-eagle", "model": "train-pard"}  # a checkpoint's weights key
+
+
+def read_checkpoint(path: Path | None, key: str, needs: tuple[str, ...], map_location="cpu") -> dict:
+    """The checkpoint at ``path``, checked to be one this trainer wrote: its weights under ``key`` (``WRITERS``)
+    and the entries ``needs``. A file that cannot be read (cut off, damaged) or that another trainer wrote is
+    refused with what to do, not with the unpickler's or a KeyError's traceback."""
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"Nothing to resume: {path} does not exist.")
+    state = read_torch_file(path, "Restore it from a copy, or start afresh without resume (the run begins again).",
+                            map_location, "a checkpoint")
+    missing = [name for name in (key, *needs) if not isinstance(state, dict) or name not in state]
+    if missing:
+        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+        writer = next((WRITERS[name] for name in WRITERS if isinstance(state, dict) and name in state), None)
+        raise ValueError(f"{path} is not a {WRITERS[key]} checkpoint (it lacks {', '.join(map(repr, missing))}; it "
+                         f"holds {found}){f': {writer} wrote it' if writer else ''}. Resume that run with the "
+                         "command that wrote it, or give this one its own output folder.")
+    return state
+
+
 def load_checkpoint(path: Path | None, key: str, module: nn.Module, optimizer, schedule,
                     extra: dict | None = None) -> tuple[int, list[dict]]:
     """Restore what ``save_checkpoint`` wrote (strictly); returns (step, log), and puts what it saved as ``extra``
     into the dict given as ``extra``."""
-    if path is None or not path.is_file():
-        raise FileNotFoundError(f"Nothing to resume: {path} does not exist.")
-    state = torch.load(path, map_location=next(module.parameters()).device, weights_only=True)
+    state = read_checkpoint(path, key, ("optimizer", "schedule", "step", "log"), next(module.parameters()).device)
     module.load_state_dict(state[key], strict=True)
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])

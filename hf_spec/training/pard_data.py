@@ -71,6 +71,14 @@ def item_ids(item, tokenizer) -> list[int]:
     raise TypeError(f"A data item must be text, token ids or a conversation; got {type(item).__name__}.")
 
 
+def check_max_tokens(max_tokens: int | None, name: str = "max_tokens") -> None:
+    """A budget of fewer than 2 tokens is refused: every piece would be cut to one token and dropped, and the data
+    would seem to hold no sequence."""
+    if max_tokens is not None and max_tokens < 2:
+        raise ValueError(f"{name} {max_tokens} holds no training sequence: a sequence is 2 tokens or more (a token and "
+                         f"the next one, which it predicts). Pass {name} 2 or more.")
+
+
 def token_sequences(data: Iterable, tokenizer, seq_length: int, max_tokens: int | None = None,
                     pard_token: int | None = None) -> list[torch.LongTensor]:
     """The items' tokens in pieces of at most ``seq_length`` (a longer item gives several; a piece of fewer than 2
@@ -78,6 +86,7 @@ def token_sequences(data: Iterable, tokenizer, seq_length: int, max_tokens: int 
     ``pard_token`` is refused: the draft must meet the mask token only as the mask."""
     if seq_length < 2:
         raise ValueError(f"seq_length must be >= 2; got {seq_length}.")
+    check_max_tokens(max_tokens)
     sequences, total = [], 0
     for index, item in enumerate(data):
         ids = item_ids(item, tokenizer)
@@ -91,7 +100,7 @@ def token_sequences(data: Iterable, tokenizer, seq_length: int, max_tokens: int 
             if len(piece) >= 2:
                 sequences.append(torch.tensor(piece, dtype=torch.long))
                 total += len(piece)
-            if max_tokens is not None and total >= max_tokens:
+            if max_tokens is not None and max_tokens - total < 2:  # what is left of the budget makes no sequence
                 return sequences
     if not sequences:
         raise ValueError("The data holds no sequence of 2 tokens or more: nothing to train on.")

@@ -24,6 +24,7 @@ import torch
 
 from .data import pad_token_id
 from .labelling import Labelled, label_by_generation, label_by_prefill, pieces
+from .optimization import read_torch_file
 from ..conversations import Conversation
 from .rendering import prompt_ids, render_chat, render_document
 
@@ -119,7 +120,8 @@ class Shard:
 
     @classmethod
     def load(cls, path: Path) -> "Shard":
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_torch_file(path, f"Delete it and run again with resume: a shard that is not there is "
+                                      "labelled again, identically.", what="a labelled shard")
         return cls(state["index"], state["start"], state["end"], [Labelled(**p) for p in state["pieces"]],
                    state["conversations"], state["skipped"])
 
