@@ -2,10 +2,14 @@
 ``export-medusa --format vllm`` writes vLLM's layout.
 
 Every fixture is written here under its layout's literal key names (never through our writer), so a key renamed in
-the loader fails these tests.
+the loader fails these tests. Upstream's are checked against what FasterDecoding's Medusa code writes
+(tests/data/upstream/medusa.json, recorded by tools/compare_medusa_upstream.py); TGI's are upstream's without the
+output layers; vLLM's are written from vLLM's loader (vLLM does not install on this machine's CPU).
 """
 import json
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +19,9 @@ from hf_spec.cli import main
 from hf_spec.medusa import MedusaHeads, load_medusa_heads
 from hf_spec.testing import tiny_causal_lm
 
-HIDDEN, VOCAB, HEADS, LAYERS = 32, 99, 3, 2
+MEDUSA = json.loads((Path(__file__).parent / "data" / "upstream" / "medusa.json").read_text())
+HIDDEN, VOCAB = MEDUSA["shape"]["hidden_size"], MEDUSA["shape"]["vocab_size"]
+HEADS, LAYERS = 3, 2
 KEPT = [41, 7, 98, 3, 60, 12, 77, 25, 50, 0]  # a truncated vocabulary's token_map, most frequent first (unsorted)
 
 
@@ -71,9 +77,10 @@ def vllm_config(layers=LAYERS, bias=True, **extra):
 
 
 def write_upstream(folder, state, layers=LAYERS):
+    """Upstream's files: its config (as MedusaConfig.save_pretrained writes it) and the heads' state dict."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": HEADS, "medusa_num_layers": layers,
-                                                    "base_model_name_or_path": "tiny"}))
+    config = dict(MEDUSA[f"medusa1-{HEADS}x1"]["config"], medusa_num_heads=HEADS, medusa_num_layers=layers)
+    (folder / "config.json").write_text(json.dumps(config))
     save_file(state, str(folder / "medusa_lm_head.safetensors"))
     return folder
 
@@ -100,6 +107,17 @@ def assert_same_scores(ours, upstream):
     tolerance; the top-10 of every head, what a tree proposes, must be identical."""
     torch.testing.assert_close(ours, upstream)
     assert torch.equal(ours.topk(10, dim=-1).indices, upstream.topk(10, dim=-1).indices)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_upstreams_keys_are_what_its_code_writes(layers):
+    """Upstream's keys and shapes are those of its ``medusa_head.state_dict()``; TGI's are the same less each head's
+    output layer ``{i}.{layers}.weight``."""
+    recorded = MEDUSA[f"medusa1-{HEADS}x{layers}"]["keys"]
+    blocks, outputs = random_weights(layers)
+    assert {key: list(value.shape) for key, value in upstream_state(blocks, outputs).items()} == recorded
+    assert {key: list(value.shape) for key, value in tgi_state(blocks).items()} == \
+        {key: shape for key, shape in recorded.items() if not re.fullmatch(rf"\d+\.{layers}\.weight", key)}
 
 
 # -- TGI: upstream's keys, no output layers, no flag -------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Medusa heads load from the upstream layouts strictly, and our writer produces the same layout.
 
-The fixtures are written here with upstream's literal key names, not through our writer.
+The fixtures hold the key names, shapes and config FasterDecoding's Medusa code itself writes
+(tests/data/upstream/medusa.json, recorded by tools/compare_medusa_upstream.py), not our writer's.
 """
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,25 +14,25 @@ import hf_spec.weights as weights
 from hf_spec.medusa import MedusaHeads, load_medusa_heads
 from hf_spec.testing import tiny_causal_lm
 
-HIDDEN, VOCAB, HEADS, LAYERS = 32, 99, 3, 1
+MEDUSA = json.loads((Path(__file__).parent / "data" / "upstream" / "medusa.json").read_text())
+HIDDEN, VOCAB = MEDUSA["shape"]["hidden_size"], MEDUSA["shape"]["vocab_size"]
+HEADS, LAYERS = 3, 1  # the head counts medusa.json records (3 heads of 1 or 2 layers)
 
 
-def upstream_state(heads=HEADS, layers=LAYERS, seed=0):
+def upstream_state(layers=LAYERS, seed=0):
+    """Random weights under the keys and shapes upstream's ``medusa_head.state_dict()`` has."""
     generator = torch.Generator().manual_seed(seed)
-    state = {}
-    for i in range(heads):
-        for j in range(layers):
-            state[f"{i}.{j}.linear.weight"] = torch.randn(HIDDEN, HIDDEN, generator=generator)
-            state[f"{i}.{j}.linear.bias"] = torch.randn(HIDDEN, generator=generator)
-        state[f"{i}.{layers}.weight"] = torch.randn(VOCAB, HIDDEN, generator=generator)
-    return state
+    return {key: torch.randn(shape, generator=generator)
+            for key, shape in MEDUSA[f"medusa1-{HEADS}x{layers}"]["keys"].items()}
 
 
 def write_medusa1(folder, state, fmt="pt", stated_heads=2):
     folder.mkdir(parents=True, exist_ok=True)
-    # upstream's uploaded configs understate the head count (2 where the weights hold 5)
-    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": stated_heads, "medusa_num_layers": LAYERS,
-                                                    "base_model_name_or_path": "tiny"}))
+    layers = 1 + max(int(key.split(".")[1]) for key in state if key.endswith("linear.weight"))
+    # upstream's config (MedusaConfig.save_pretrained), understating the head count as uploaded configs do (2 where
+    # the weights hold 5)
+    config = dict(MEDUSA[f"medusa1-{HEADS}x{layers}"]["config"], medusa_num_heads=stated_heads)
+    (folder / "config.json").write_text(json.dumps(config))
     if fmt == "pt":
         torch.save(state, folder / "medusa_lm_head.pt")
     else:
