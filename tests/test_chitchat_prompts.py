@@ -21,4 +21,13 @@ def test_one_asking_turn_per_conversation_joined_and_bounded_in_words():
 
 
 def test_the_draw_is_fixed_by_the_seed():
-    assert questions(CONVERSATIONS, seed=3) == questions(CONVERSATIONS, seed=3)
+    """The same seed draws the same turns in the same order; other seeds draw otherwise (twelve conversations of
+    two asking turns each: 2^12 x 12! draws, so two seeds agree by chance about once in 2e12)."""
+    many = {str(i): conversation([f"is question number {i} the first one here?"],
+                                 [f"or is question number {i} the second one here?"]) for i in range(12)}
+    drawn = questions(many, seed=3)
+    assert drawn == questions(many, seed=3) and len(drawn) == 12
+    others = [questions(many, seed=seed) for seed in (0, 1, 2, 4)]
+    assert all(other != drawn for other in others)
+    assert {tuple(sorted(other)) for other in others + [drawn]} != {tuple(sorted(drawn))}  # which turns, not only
+    assert any(other[0].split()[3] != drawn[0].split()[3] for other in others)  # the order, varies with the seed
