@@ -1,8 +1,10 @@
 """Tree buffers against small trees worked by hand, and tree validation."""
+from collections import Counter
+
 import pytest
 import torch
 
-from hf_spec.engine.trees import NAMED_TREES, build_tree_buffers, resolve_tree, validate_tree
+from hf_spec.engine.trees import MC_SIM_7B_63, NAMED_TREES, build_tree_buffers, resolve_tree, validate_tree
 
 
 def test_buffers_of_a_three_node_tree():
@@ -31,12 +33,31 @@ def test_buffers_of_a_chain():
 
 
 def test_default_tree_is_upstreams_shape():
-    b = build_tree_buffers(resolve_tree(None))
+    """FasterDecoding/Medusa's mc_sim_7b_63 (medusa/model/medusa_choices.py), in its own order: 63 nodes, 10 / 28 /
+    23 / 2 of them at depths 1-4, the top-10 of the first three heads and the top-2 of the fourth, 42 leaves."""
+    tree = resolve_tree(None)
+    assert tree == MC_SIM_7B_63
+    b = build_tree_buffers(tree)
     assert b.num_nodes == 63 and b.max_depth == 4
-    assert max(b.top_k_per_head()) == 10
-    # every named tree is prefix-closed and nested in the default where it is a prefix of it
+    assert Counter(len(path) for path in tree) == {1: 10, 2: 28, 3: 23, 4: 2}
+    assert b.top_k_per_head() == [10, 10, 10, 2] and b.retrieve.shape[0] == 42
+    assert tree[:4] == [(0,), (0, 0), (1,), (0, 1)] and tree[-2:] == [(1, 6), (0, 7, 0)]
+
+
+def test_named_trees_are_prefix_closed_as_listed_and_nested_in_the_default():
+    """Every prefix of each named tree's list is a tree (each path's parent comes before it), so the first N nodes
+    of any of them is a tree too; tree_N is the default's first N nodes, so each is nested in the next."""
     for name, tree in NAMED_TREES.items():
-        assert build_tree_buffers(resolve_tree(name)).num_nodes == len(tree)
+        assert resolve_tree(name) == tree, name
+        for i, path in enumerate(tree):
+            assert len(path) == 1 or path[:-1] in tree[:i], (name, path)
+    sizes = [4, 8, 16, 32]
+    for n in sizes:
+        assert NAMED_TREES[f"tree_{n}"] == MC_SIM_7B_63[:n]
+    for small, large in zip(sizes, sizes[1:]):
+        assert NAMED_TREES[f"tree_{large}"][:small] == NAMED_TREES[f"tree_{small}"]
+    assert NAMED_TREES["chain_4"] == [(0,) * depth for depth in range(1, 5)]
+    assert set(NAMED_TREES["chain_4"]) <= set(MC_SIM_7B_63)
 
 
 @pytest.mark.parametrize("tree, kwargs, message", [
