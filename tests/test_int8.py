@@ -34,16 +34,30 @@ def test_the_int8_layer_computes_with_its_dequantized_weight(dtype, positions, o
         1 / 254 + 2 ** -8)
 
 
-def test_greedy_with_an_int8_draft_equals_plain_generate(target, prompt, draft_folder):
+def test_greedy_with_an_int8_draft_equals_plain_generate(target, prompt, draft_folder, monkeypatch):
+    """The draft that proposed is the int8 one: the statistics say so, and each of its int8 layers ran in every
+    forward the draft made (one per proposed token at least)."""
     from hf_spec.draft.loading import resolve_draft
+    from hf_spec.draft.proposer import DraftModelProposer
 
     kwargs = dict(do_sample=False, max_new_tokens=20, min_new_tokens=20)
     expected = target.generate(**prompt, **kwargs)
+    proposing, ran = [], []
+    init, forward = DraftModelProposer.__init__, Int8WeightOnlyLinear.forward
+    monkeypatch.setattr(DraftModelProposer, "__init__", lambda self, draft, *args: proposing.append(draft) or init(
+        self, draft, *args))
+    monkeypatch.setattr(Int8WeightOnlyLinear, "forward", lambda self, x: ran.append(self) or forward(self, x))
     out = target.generate(**prompt, strategy="draft", draft_model=draft_folder, draft_quantization="int8_weight_only",
                           num_speculative_tokens=3, draft_vocab_size=40, **kwargs)
     assert torch.equal(out, expected)
-    assert hf_spec.last_stats().accepted > 0
-    draft = resolve_draft(draft_folder, target, draft_quantization="int8_weight_only")
+    stats = hf_spec.last_stats()
+    form = stats.choices["draft form"].split("; ")  # the weights' form first, the vocabulary's last
+    assert form[0] == "int8 weights (as asked)" and form[-1] == "40 ids (as asked)"
+    assert stats.accepted > 0
+    [draft] = proposing
+    quantized = [module for module in draft.modules() if isinstance(module, Int8WeightOnlyLinear)]
+    runs = [sum(module is layer for module in ran) for layer in quantized]
+    assert quantized and len(set(runs)) == 1 and runs[0] >= stats.proposed
     layer = draft.model.layers[0]
     assert isinstance(layer.mlp.gate_proj, Int8WeightOnlyLinear)  # 64 wide in: quantized
     assert isinstance(layer.mlp.down_proj, Int8WeightOnlyLinear)  # 128 wide in

@@ -16,21 +16,35 @@ def target(request):
 
 
 @pytest.mark.parametrize("quantization, module", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
-def test_quantized_draft_is_lossless_and_quantized(target, prompt, draft_folder, quantization, module):
+def test_quantized_draft_is_lossless_and_quantized(target, prompt, draft_folder, quantization, module, monkeypatch):
+    """The draft that proposed is the quantized one: the statistics say so, and each of its bitsandbytes layers ran
+    in every forward the draft made (one per proposed token at least)."""
     from hf_spec.draft.loading import resolve_draft
+    from hf_spec.draft.proposer import DraftModelProposer
 
     expected = target.generate(**prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20)
+    kind, proposing, ran = getattr(bitsandbytes.nn, module), [], []
+    init, forward = DraftModelProposer.__init__, kind.forward
+    monkeypatch.setattr(DraftModelProposer, "__init__", lambda self, draft, *args: proposing.append(draft) or init(
+        self, draft, *args))
+    monkeypatch.setattr(kind, "forward", lambda self, *args, **kwargs: ran.append(self) or forward(self, *args,
+                                                                                                   **kwargs))
     out = target.generate(**prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20, strategy="draft",
-                          draft_model=draft_folder, draft_quantization=quantization, num_speculative_tokens=3)
+                          draft_model=draft_folder, draft_quantization=quantization, num_speculative_tokens=3,
+                          draft_vocab_size=None)
     assert torch.equal(out, expected)
     stats = hf_spec.last_stats()
-    assert stats.proposed > 0 and stats.accepted > 0  # the quantized draft was used, and is often right
+    assert stats.proposed > 0 and stats.accepted > 0  # the draft was used, and is often right
+    form = stats.choices["draft form"].split("; ")  # the weights' form first, the vocabulary's last
+    assert form[0] == "bitsandbytes weights (as asked)" and form[-1] == "the whole vocabulary"
+    [draft] = proposing
+    layers = [layer for layer in draft.modules() if isinstance(layer, kind)]
+    runs = [sum(module is layer for module in ran) for layer in layers]
+    assert layers and len(set(runs)) == 1 and runs[0] >= stats.proposed
+    assert type(draft.model.layers[0].mlp.down_proj).__name__ == module
 
-    quantized = resolve_draft(draft_folder, target, draft_quantization=quantization)
     full = resolve_draft(draft_folder, target)
-    linear = quantized.model.layers[0].mlp.down_proj
-    assert type(linear).__name__ == module and isinstance(linear, getattr(bitsandbytes.nn, module))
-    assert quantized.get_memory_footprint() < full.get_memory_footprint()
+    assert draft.get_memory_footprint() < full.get_memory_footprint()
 
 
 def test_quantized_draft_object_is_accepted(target, prompt, draft_folder):
