@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 import hf_spec
 from hf_spec.eagle import EagleDraft, load_eagle_draft
-from hf_spec.eagle.auto import TreeConfidence
+from hf_spec.engine.dynamic_tree import TreeConfidence
 from hf_spec.engine.schedule import FixedLength
 from hf_spec.testing import tiny_causal_lm
 

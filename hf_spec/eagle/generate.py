@@ -9,14 +9,14 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from ..draft.forms import AUTO
 from ..draft.generate import draft_token_map
 from ..engine.call import DecodingCall
+from ..engine.dynamic_tree import AutoDynamicTree, TreeConfidence
+from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
 from ..engine.placement import execution_device
-from ..engine.loop import speculative_generate
 from ..engine.schedule import SpeculationLength
 from ..engine.trees import resolve_tree, validate_tree
 from ..settings import DRAFT_VOCAB_SIZE, TREE_DEPTH, TREE_TOP_K
 from ..verify import Acceptance, get_verifier
-from .auto import AutoDynamicTree, TreeConfidence
 from .forms import eagle_vocab_choice
 from .loading import load_eagle_draft
 from .model import EagleDraft
@@ -76,7 +76,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     a name or a list of paths of draft ranks, as for Medusa) and the target verifies its ``num_speculative_tokens``
     most probable nodes in one forward; "auto" (the default): each step, the node count up to ``AUTO_MAX_NODES``
     (0 = plain decoding) that the measured costs and the draft's calibrated probabilities say is fastest
-    (``hf_spec.eagle.auto.AutoDynamicTree``; ``cache_costs=False`` forgets earlier calls). tree_verifier:
+    (``hf_spec.engine.dynamic_tree.AutoDynamicTree``; ``cache_costs=False`` forgets earlier calls). tree_verifier:
     "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
     draft_vocab_size: an EAGLE-1/2 draft scores proposals with the target's output layer; with an int it scores
     only that many of the lowest target ids, plus eos and the prompts' tokens (cheaper levels, the same output).

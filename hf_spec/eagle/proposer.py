@@ -1,14 +1,15 @@
-"""EAGLE proposals: the draft layer catches up on the target's new hidden states, then grows a dynamic tree."""
+"""EAGLE proposals: the draft layer catches up on the target's new hidden states, then grows a dynamic tree
+(``hf_spec.engine.dynamic_tree``, fed the draft's own outputs as the features of deeper nodes)."""
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
 from ..engine.cache import rollback
-from ..engine.timing import elapsed
+from ..engine.dynamic_tree import TreeConfidence, best_trees, grow_dynamic, grow_static
 from ..engine.proposer import Proposal
+from ..engine.timing import elapsed
 from ..engine.trees import TreeBuffers, build_tree_buffers
-from .auto import TreeConfidence
 from .model import EagleDraft
 
 
@@ -23,13 +24,10 @@ class EagleProposer:
     plainly costs what plain decoding does (a call that never proposes never runs the draft). A catch-up wider than
     a step's own entries (the prompt, or the plain steps since the last proposal) is timed apart
     (``Proposal.catch_up_s``), so that a schedule times the step without it.
-    Tree (``tree_depth`` levels, ``tree_top_k`` wide; at most k levels, as k nodes are at most k deep): the
-    ``tree_top_k`` best children of the root form the first beam; each level feeds the beam (each node attends
-    the committed entries and its ancestors), ranks every beam node's ``tree_top_k`` best children by cumulative
-    draft log-probability and keeps the best ``tree_top_k`` as the next beam. The ``k`` best candidates overall
-    (ties: shallower first, so every kept node's parent is kept) form the row's tree. The tree's entries leave
-    the draft's cache before the call returns. Candidates are distinct siblings ranked by the raw draft logits,
-    independent of verification's random draws: the tree rule keeps sampling exact.
+    Tree (``tree_depth`` levels, ``tree_top_k`` wide; at most k levels, as k nodes are at most k deep): EAGLE-2's
+    growth (``hf_spec.engine.dynamic_tree``), each level's beam fed with the draft's outputs at its parents as
+    features; the ``k`` best candidates form the row's tree. The tree's entries leave the draft's cache before the
+    call returns.
     ``head``: what scores an EAGLE-1/2 draft's outputs (default: the target's output layer; ``TokenMap.head_of``
     scores a subset of its ids, -inf elsewhere). An EAGLE-3 draft scores with its own.
     """
@@ -155,103 +153,18 @@ class EagleProposer:
 
     def _static_proposal(self, max_depth: int) -> Proposal:
         tree = self._static(max_depth)
-        return Proposal(tokens=self._grow_static(tree), tree=tree)
+        hidden, logits = self.last
+        return Proposal(tokens=grow_static(tree, logits, hidden, self.valid.sum(-1, keepdim=True), self._tree_feed),
+                        tree=tree)
 
     def _dynamic_proposal(self, depth: int, k: int) -> Proposal:
         """Each row's tree of its k best candidates (``confidence`` hears every candidate's probability)."""
-        candidates = self._grow(depth)
-        if self.confidence is not None:  # a shallower tree's best d candidates are the full tree's (each is <= d deep)
-            best = candidates[1].sort(dim=-1, descending=True).values.exp()
-            self.confidence.observe_tree(best[:, :depth if depth < self.depth else None].tolist(), k)
-        batch = candidates[0].shape[0]
-        trees, tokens = zip(*[_tree_of(*(c[r] for c in candidates), k) for r in range(batch)])
-        return Proposal(tokens=torch.stack(tokens), row_trees=tuple(trees))
-
-    def _grow_static(self, tree: TreeBuffers) -> torch.LongTensor:
-        """Every row's tokens for ``tree``'s nodes [batch, n], in block order: node (.., r) is the rank-r token of
-        the draft's distribution after its parent. Level by level, the nodes with children are fed (each attends
-        the committed entries and its ancestors) to score their children."""
         hidden, logits = self.last
-        batch, depths, parent_of = hidden.shape[0], tree.depths.tolist(), tree.parents.tolist()
-        ranks_needed = tree.top_k_per_head()
-        tokens = torch.zeros(batch, tree.num_nodes + 1, dtype=torch.long, device=self.device)
-        outputs: dict[int, torch.Tensor] = {0: hidden}  # block index -> the draft's output its children follow
-        scores: dict[int, torch.Tensor] = {0: logits}  # block index -> the draft's logits for its children
-        fed: list[int] = []  # block indices of the tree entries in the cache, in order
-        position = self.valid.sum(-1, keepdim=True)
-        mask = tree.ancestor_mask.to(self.device)
-        for level in range(tree.max_depth):
-            parents = [b for b in range(tree.num_nodes + 1) if depths[b] == level and tree.children[b]]
-            if level > 0:  # the nodes of this level with children: fed, to score their children
-                features = torch.stack([outputs[parent_of[b - 1]] for b in parents], dim=1)
-                attention = mask[parents][:, fed + parents].expand(batch, -1, -1)
-                out, child_logits = self._feed(tokens[:, parents], features, attention,
-                                               (position + level - 1).expand(-1, len(parents)), from_target=False)
-                fed += parents
-                for i, b in enumerate(parents):
-                    outputs[b], scores[b] = out[:, i], child_logits[:, i]
-            for b in parents:
-                ranked = scores[b].topk(ranks_needed[level], dim=-1).indices
-                for child in tree.children[b]:
-                    tokens[:, child] = ranked[:, tree.paths[child - 1][-1]]
-        return tokens[:, 1:]
+        candidates = grow_dynamic(logits, hidden, self.valid.sum(-1, keepdim=True), depth, self.top_k,
+                                  self._tree_feed)
+        trees, tokens = best_trees(candidates, k, depth, self.depth, self.confidence)
+        return Proposal(tokens=tokens, row_trees=trees)
 
-    def _grow(self, depth: int):
-        """Every candidate of every row, level by level (so parents come first): tokens, cumulative
-        log-probabilities, parents (candidate index, -1 for the root) and ranks among their siblings [batch, C]."""
-        hidden, logits = self.last
-        batch, top_k = hidden.shape[0], min(self.top_k, logits.shape[-1])
-        eye = torch.eye(top_k, dtype=torch.bool, device=self.device)
-        first = _best(logits, top_k)
-        ranks = torch.arange(top_k, device=self.device).expand(batch, -1)
-        tokens, scores, parents, sibling_ranks = [first.indices], [first.values], [torch.full_like(ranks, -1)], [ranks]
-        beam, beam_tokens, beam_scores = ranks, first.indices, first.values  # beam: its candidate indices
-        beam_hidden = hidden[:, None].expand(-1, top_k, -1)
-        beam_parent = None  # [batch, top_k]: the tree entry of each beam node's parent (None: the root)
-        ancestry = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)  # entry x entry: is an ancestor
-        position = self.valid.sum(-1, keepdim=True)  # the depth-1 nodes' position in each row
-        for level in range(1, depth):
-            entries = ancestry.shape[1]
-            seen = torch.zeros(batch, top_k, entries, dtype=torch.bool, device=self.device)
-            if beam_parent is not None:
-                seen = ancestry.gather(1, beam_parent[..., None].expand(-1, -1, entries))
-                seen |= torch.nn.functional.one_hot(beam_parent, entries).bool()
-            out, child_logits = self._feed(beam_tokens, beam_hidden, torch.cat([seen, eye.expand(batch, -1, -1)], -1),
-                                           (position + level - 1).expand(-1, top_k), from_target=False)
-            ancestry = torch.cat([torch.cat([ancestry, seen], dim=1),  # the new entries' rows, then their columns
-                                  torch.zeros(batch, entries + top_k, top_k, dtype=torch.bool, device=self.device)],
-                                 dim=-1)
-            children = _best(child_logits, top_k)  # [batch, top_k, top_k]
-            cumulative = (beam_scores[..., None] + children.values).flatten(1)
-            offset = sum(t.shape[1] for t in tokens)
-            tokens.append(children.indices.flatten(1))
-            scores.append(cumulative)
-            parents.append(beam.repeat_interleave(top_k, dim=1))
-            sibling_ranks.append(ranks.repeat(1, top_k))
-            best = cumulative.topk(top_k, dim=-1).indices  # the next beam, among this level's candidates
-            beam_parent = entries + best // top_k
-            beam, beam_tokens, beam_scores = offset + best, tokens[-1].gather(1, best), cumulative.gather(1, best)
-            beam_hidden = out.gather(1, (best // top_k)[..., None].expand(-1, -1, out.shape[-1]))
-        return (torch.cat(tokens, 1).cpu(), torch.cat(scores, 1).cpu(), torch.cat(parents, 1).cpu(),
-                torch.cat(sibling_ranks, 1).cpu())
-
-
-def _best(logits: torch.Tensor, top_k: int):
-    """The ``top_k`` most probable tokens and their log-probabilities (at most 0), under the raw draft logits."""
-    return logits.log_softmax(-1).clamp(max=0).topk(top_k, dim=-1)
-
-
-def _tree_of(tokens: torch.LongTensor, scores: torch.Tensor, parents: torch.LongTensor, ranks: torch.LongTensor,
-             k: int) -> tuple[TreeBuffers, torch.LongTensor]:
-    """One row's tree: its ``k`` best candidates by cumulative log-probability, and their tokens in block order.
-
-    Candidates come level by level and a child's score is at most its parent's, so a stable sort (ties: the
-    earlier, shallower candidate first) keeps every chosen node's parent."""
-    chosen = sorted(torch.sort(scores, descending=True, stable=True).indices[:k].tolist())
-    paths: dict[int, tuple[int, ...]] = {}
-    for c in chosen:
-        parent = int(parents[c])
-        paths[c] = (paths[parent] if parent >= 0 else ()) + (int(ranks[c]),)
-    buffers = build_tree_buffers(list(paths.values()))
-    token_of = {paths[c]: tokens[c] for c in chosen}
-    return buffers, torch.stack([token_of[path] for path in buffers.paths])
+    def _tree_feed(self, tokens, features, attention, positions):
+        """A tree level through the draft, its nodes' features the draft's own outputs at their parents."""
+        return self._feed(tokens, features, attention, positions, from_target=False)

@@ -35,8 +35,8 @@ dtype) across calls (``cache_costs=False`` starts afresh).
 
 ``AutoTree`` (Medusa's ``tree="auto"``) picks the prefix size of a nested tree family the same way, from the
 heads' measured accuracy; ``AutoNodes`` picks how many of a tree built afresh each step to verify, from an
-estimate a strategy supplies (EAGLE's ``hf_spec.eagle.auto``, prompt lookup's ``hf_spec.lookup.auto``). While
-plain decoding wins, ``ProbeCadence`` spaces the probe steps that keep a tree's estimates current.
+estimate a strategy supplies (dynamic trees' ``hf_spec.engine.dynamic_tree``, prompt lookup's
+``hf_spec.lookup.auto``). While plain decoding wins, ``ProbeCadence`` spaces the probe steps that keep a tree's estimates current.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ class PairMemory:
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     runs: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample: AutoLength.runs
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
-    tree_confidence: object = None  # EAGLE: a hf_spec.eagle.auto.TreeConfidence
+    tree_confidence: object = None  # dynamic trees (EAGLE, a draft's): a hf_spec.engine.dynamic_tree.TreeConfidence
     probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # Medusa's and EAGLE's auto: plain steps
     lookup_survival: object = None  # prompt lookup's: a hf_spec.lookup.auto.MatchSurvival
     fallback_survival: PositionSurvival = field(default_factory=PositionSurvival)  # a draft's beside the lookup
