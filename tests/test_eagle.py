@@ -1,6 +1,8 @@
-"""strategy="eagle": EAGLE-1/2, EAGLE-3 and speculators checkpoints written from literal key lists load strictly and
-decode exactly as plain generate() does, one row or a left-padded batch."""
+"""strategy="eagle": EAGLE-1/2, EAGLE-3 and speculators checkpoints with the keys their own code writes
+(tests/data/upstream/, recorded by tools/compare_eagle_upstream.py and tools/validate_speculators.py) load strictly
+and decode exactly as plain generate() does, one row or a left-padded batch."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,36 +15,52 @@ from hf_spec.engine.dynamic_tree import TreeConfidence
 from hf_spec.engine.schedule import FixedLength
 from hf_spec.testing import tiny_causal_lm
 
-H, HEADS, KV_HEADS, FFN, VOCAB, DRAFT_VOCAB = 32, 4, 2, 64, 99, 40
+UPSTREAM = Path(__file__).parent / "data" / "upstream"
+SAFEAILAB = json.loads((UPSTREAM / "eagle.json").read_text())  # SafeAILab/EAGLE's key names and shapes
+SPECULATORS = json.loads((UPSTREAM / "speculators.json").read_text())["speculators"]  # speculators' keys and config
+SHAPE = SAFEAILAB["shape"]
+H, HEADS, KV_HEADS, FFN = (SHAPE[key] for key in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                  "intermediate_size"))
+VOCAB, DRAFT_VOCAB = SHAPE["vocab_size"], SHAPE["draft_vocab_size"]
 NEW_TOKENS = 20
 LAYER = {"hidden_size": H, "intermediate_size": FFN, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
          "num_hidden_layers": 1, "vocab_size": VOCAB, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
          "max_position_embeddings": 512, "hidden_act": "silu"}
 
 
+def upstream_keys(layout: dict, prefix: str | None = None) -> dict:
+    """A recorded layout's key names and shapes (EAGLE-3's ``midlayer.`` renamed to ``prefix``)."""
+    shapes = {key: tuple(shape) for key, shape in layout["keys"].items()}
+    if prefix is not None:
+        shapes = {(prefix + key[len("midlayer."):] if key.startswith("midlayer.") else key): shape
+                  for key, shape in shapes.items()}
+    return shapes
+
+
 def eagle1_state(bias=True) -> dict:
-    """SafeAILab/EAGLE's EAGLE-1/2 keys (cnets1.py): fc on [embedding; hidden], layer 0 without input norm."""
-    kv = KV_HEADS * H // HEADS
-    state = {"fc.weight": (H, 2 * H), "layers.0.self_attn.q_proj.weight": (H, H),
-             "layers.0.self_attn.k_proj.weight": (kv, H), "layers.0.self_attn.v_proj.weight": (kv, H),
-             "layers.0.self_attn.o_proj.weight": (H, H), "layers.0.mlp.gate_proj.weight": (FFN, H),
-             "layers.0.mlp.up_proj.weight": (FFN, H), "layers.0.mlp.down_proj.weight": (H, FFN),
-             "layers.0.post_attention_layernorm.weight": (H,)}
-    if bias:
-        state["fc.bias"] = (H,)
-    return random_tensors(state)
+    """SafeAILab/EAGLE's EAGLE-1/2 keys (cnets1.py): fc on [embedding; hidden], layer 0 without input norm. Without
+    the embedding its files carry (the target's own, frozen): hf-spec then takes the target's."""
+    shapes = upstream_keys(SAFEAILAB["eagle1" if bias else "eagle1-no-bias"])
+    del shapes["embed_tokens.weight"]
+    return random_tensors(shapes)
 
 
 def eagle3_state(prefix="midlayer.", aux=3) -> dict:
-    """EAGLE-3's keys (SafeAILab/EAGLE cnets.py, SpecForge): fc from 3h, attention over 2h, own norm and lm_head."""
-    kv = KV_HEADS * H // HEADS
-    state = random_tensors({
-        "fc.weight": (H, aux * H), f"{prefix}hidden_norm.weight": (H,), f"{prefix}input_layernorm.weight": (H,),
-        f"{prefix}post_attention_layernorm.weight": (H,), f"{prefix}self_attn.q_proj.weight": (H, 2 * H),
-        f"{prefix}self_attn.k_proj.weight": (kv, 2 * H), f"{prefix}self_attn.v_proj.weight": (kv, 2 * H),
-        f"{prefix}self_attn.o_proj.weight": (H, H), f"{prefix}mlp.gate_proj.weight": (FFN, H),
-        f"{prefix}mlp.up_proj.weight": (FFN, H), f"{prefix}mlp.down_proj.weight": (H, FFN), "norm.weight": (H,),
-        "lm_head.weight": (DRAFT_VOCAB, H)})
+    """SafeAILab/EAGLE's EAGLE-3 keys (cnets.py; SpecForge's are the same): fc from 3h (``aux`` target layers),
+    attention over 2h, own norm and lm_head, d2t and t2d; ``prefix="layers.0."``: speculators' names."""
+    shapes = {key: shape for key, shape in upstream_keys(SAFEAILAB["eagle3"], prefix).items()
+              if key not in ("d2t", "t2d")}
+    shapes["fc.weight"] = (H, aux * H)
+    return with_token_map(random_tensors(shapes))
+
+
+def speculators_state() -> dict:
+    """What vLLM's speculators writes: EAGLE-3 under ``layers.0.``, with the verifier's embedding."""
+    return with_token_map(random_tensors({key: shape for key, shape in upstream_keys(SPECULATORS).items()
+                                          if key not in ("d2t", "t2d")}))
+
+
+def with_token_map(state: dict) -> dict:
     kept = torch.arange(0, 2 * DRAFT_VOCAB, 2)  # the even ids: target id = draft id + d2t[draft id]
     state["d2t"] = kept - torch.arange(DRAFT_VOCAB)
     state["t2d"] = torch.zeros(VOCAB, dtype=torch.bool).index_fill_(0, kept, True)
@@ -72,11 +90,43 @@ LAYOUTS = {
     "eagle1-no-bias": lambda: (dict(LAYER, architectures=["LlamaForCausalLM"], bias=False), eagle1_state(False),
                                False),
     "eagle3": lambda: (EAGLE3_CONFIG, eagle3_state(), False),
-    "speculators": lambda: ({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
-                             "transformer_layer_config": dict(LAYER, model_type="llama"),
-                             "draft_vocab_size": DRAFT_VOCAB, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
-                            eagle3_state(prefix="layers.0."), False),
+    # the config speculators writes, for a target of a few layers
+    "speculators": lambda: (dict(SPECULATORS["config"], eagle_aux_hidden_state_layer_ids=[0, 1, 2]),
+                            speculators_state(), False),
 }
+
+
+def test_the_layouts_are_what_upstream_writes():
+    """The keys these tests write are SafeAILab's and speculators' own (less SafeAILab's EAGLE-1 embedding, which is
+    the target's), at the shapes their code gives the tests' sizes."""
+    assert upstream_keys(SAFEAILAB["eagle1"]) == {**shapes_of(eagle1_state()), "embed_tokens.weight": (VOCAB, H)}
+    assert upstream_keys(SAFEAILAB["eagle1-no-bias"]) == {**shapes_of(eagle1_state(False)),
+                                                          "embed_tokens.weight": (VOCAB, H)}
+    assert upstream_keys(SAFEAILAB["eagle3"]) == shapes_of(eagle3_state())
+    assert upstream_keys(SPECULATORS) == shapes_of(speculators_state())
+    assert {key: str(value.dtype)[6:] for key, value in eagle3_state().items() if not value.is_floating_point()} == \
+        SAFEAILAB["eagle3"]["dtypes"] == SPECULATORS["dtypes"]
+
+
+def shapes_of(state: dict) -> dict:
+    return {key: tuple(value.shape) for key, value in state.items()}
+
+
+@pytest.mark.parametrize("layout, recorded", [("eagle3", SAFEAILAB["eagle3"]), ("speculators", SPECULATORS)])
+def test_the_writer_writes_the_keys_upstream_writes(tmp_path, layout, recorded):
+    """save_eagle_draft's files hold the key names, shapes and integer dtypes SafeAILab's trainer and speculators
+    write (SafeAILab leaves the frozen embedding out; speculators saves the verifier's)."""
+    from safetensors.torch import load_file
+
+    from hf_spec.eagle import save_eagle_draft
+
+    small = tiny_causal_lm("llama", seed=0, hidden_size=H, num_layers=3)
+    draft = load_eagle_draft(write(tmp_path / "in", *LAYOUTS["eagle3"]()[:2]), target=small)
+    save_eagle_draft(draft, tmp_path / "out", layout=layout, target=small)
+    written = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert shapes_of(written) == upstream_keys(recorded)
+    assert {key: str(value.dtype)[6:] for key, value in written.items() if not value.is_floating_point()} == \
+        recorded["dtypes"]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
