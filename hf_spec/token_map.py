@@ -90,6 +90,8 @@ class TokenMap:
         float32 scores over the whole target vocabulary [..., target_vocab_size] (-inf outside the draft ids).
         Logit scaling or soft-capping in the model's own forward is not applied: this scores proposals only."""
         output = model.get_output_embeddings()
+        if hasattr(output, "restricted_to"):  # a quantized output layer (hf_spec.draft.int4) repacks its own rows
+            return self._scorer(output.restricted_to(self.target_ids))
         if output.weight.device.type == "meta":  # offloaded by accelerate: its rows are read here, not by its hook
             raise ValueError("A draft vocabulary subset reads the draft's output layer, which accelerate offloaded "
                              "(device_map): keep lm_head in memory in the draft's device_map, or pass "
@@ -97,10 +99,13 @@ class TokenMap:
         weight = self.rows_of(output.weight.detach())
         bias = getattr(output, "bias", None)
         bias = None if bias is None else self.rows_of(bias.detach())
+        return self._scorer(lambda rows: torch.nn.functional.linear(rows, weight, bias))
 
+    def _scorer(self, layer):
+        """A function from hidden states [..., h] to float32 scores [..., target_vocab_size], ``layer`` mapping rows
+        [m, h] to the draft ids' scores [m, draft_vocab_size]."""
         def score(hidden: torch.Tensor) -> torch.Tensor:  # as rows: a 3D input may take a batched matmul that
             rows = hidden.reshape(-1, hidden.shape[-1])  # copies the weight once per batch entry
-            scores = torch.nn.functional.linear(rows, weight, bias).float()
-            return self.to_full(scores).reshape(*hidden.shape[:-1], self.target_vocab_size)
+            return self.to_full(layer(rows).float()).reshape(*hidden.shape[:-1], self.target_vocab_size)
 
         return score

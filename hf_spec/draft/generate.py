@@ -43,14 +43,15 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     num_speculative_tokens: k, the draft tokens proposed per verification step: an int >= 1, "stepwise" (start
     at 3, +1 while a step accepts >= 50%, else -1) or "auto" (the k, including 0 = plain decoding, that the
     measured costs and acceptance say is fastest; ``cache_costs=False`` forgets costs measured in earlier calls).
-    draft_quantization: for a draft given by id or path, "auto" (the default: int8 weights where they time faster
-    on this machine, ``hf_spec.draft.forms``), "int8_weight_only", "4bit", "8bit" (bitsandbytes), a
-    BitsAndBytesConfig, or None (as loaded). A model object is used as given.
+    draft_quantization: for a draft given by id or path, "auto" (the default: the weights, as loaded, int8 or int4,
+    that predict the most tokens per second beside this target on this machine, ``hf_spec.draft.forms``),
+    "int8_weight_only", "int4_weight_only" (CPU), "4bit", "8bit" (bitsandbytes), a BitsAndBytesConfig, or None (as
+    loaded). A model object is used as given.
     draft_vocab_size: the draft scores only this many target ids (its output layer restricted to them), plus the
     end-of-sequence ids and every token of the prompts: cheaper proposals, the same output. The ids are the
     lowest, which byte-level BPE tokenizers give their most frequent pieces. "auto" (the default, for a draft given
-    by id or path): a subset sized by coverage where it times faster here; None: the whole vocabulary. What was
-    chosen, and why, is in the statistics' ``choices``.
+    by id or path): a subset sized by coverage where it predicts more tokens per second here (chosen with the
+    weights); None: the whole vocabulary. What was chosen, and why, is in the statistics' ``choices``.
     prompt_lookup: prompt lookup beside the draft (``hf_spec.lookup.hybrid``): each step, the continuation of an
     earlier match of each row's last tokens (``prompt_lookup_num_tokens``, default 10, ``max_matching_ngram_size``,
     default 2; with "auto", as many as the lookup's realised acceptance pays for) alone, the draft's proposals
@@ -72,7 +73,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)
     draft = resolve_draft_and_tokenizers(draft_model, model, revision=revision, token=token,
                                          target_tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer,
-                                         draft_quantization=draft_quantization)
+                                         draft_quantization=draft_quantization, draft_vocab_size=draft_vocab_size)
     draft_vocab_size, vocabulary = vocab_choice(draft, draft_vocab_size)
     parallel = uses_parallel_drafting(draft.model, parallel_draft, same_tokenizer=draft.tokenizers is None)
     proposer = draft_proposer(draft, call, draft_vocab_size, parallel)
@@ -88,11 +89,14 @@ _VOCAB_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft
 
 
 def vocab_choice(draft: ResolvedDraft, requested) -> tuple[int | None, str]:
-    """``draft_vocab_size`` as the proposer takes it (an int or None) and why: "auto" measures, for a draft the
-    package loaded that shares the target's tokenizer (``hf_spec.draft.forms.cheaper_vocab_size``, once per draft);
-    else the whole vocabulary."""
+    """``draft_vocab_size`` as the proposer takes it (an int or None) and why: "auto", for a draft the package
+    loaded that shares the target's tokenizer, is what was chosen with its weights (``draft.vocabulary``,
+    ``hf_spec.draft.forms.choose_form``) or else measured (``cheaper_vocab_size``, once per draft); else the whole
+    vocabulary."""
     if not is_auto(requested):
         return asked_vocabulary(requested)
+    if draft.vocabulary is not None:
+        return draft.vocabulary
     if draft.tokenizers is not None:
         return None, "the whole vocabulary (the draft has its own tokenizer)"
     if not draft.loaded:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import json
 import logging
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +16,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAn
 from ..engine.placement import execution_device, placed_by_accelerate
 from ..paths import files_fingerprint
 from ..weights import not_found
-from .forms import AUTO, with_cheaper_weights
-from .int8 import INT8_WEIGHT_ONLY, quantize_int8_weight_only
+from .forms import AUTO, DraftForm, choose_form, is_auto
+from .int4 import INT4_WEIGHT_ONLY
+from .int8 import INT8_WEIGHT_ONLY
 from .translation import tokenizers_differ
 
 logger = logging.getLogger(__name__)
@@ -25,13 +28,15 @@ logger = logging.getLogger(__name__)
 class ResolvedDraft:
     """A draft ready for the target: the model, where its tokenizer differs from the target's the two tokenizers
     (the target's, the draft's) through which its proposals go, the draft's own tokenizer where known, whether the
-    package loaded it (so that "auto" may choose its form), and why its weights are in the form they are."""
+    package loaded it (so that "auto" may choose its form), why its weights are in the form they are, and, where
+    ``draft_vocab_size="auto"`` was chosen with them (``hf_spec.draft.forms``), the vocabulary size and why."""
 
     model: PreTrainedModel
     tokenizers: tuple | None = None
     tokenizer: object = None
     loaded: bool = False
     weights: str = "weights as given"
+    vocabulary: tuple[int | None, str] | None = None
 
 
 def resolve_draft(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
@@ -45,37 +50,47 @@ def resolve_draft(draft_model, target: PreTrainedModel, *, revision: str | None 
 
 
 def resolve_draft_and_tokenizers(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
-                                 target_tokenizer=None, draft_tokenizer=None,
-                                 draft_quantization=None) -> ResolvedDraft:
+                                 target_tokenizer=None, draft_tokenizer=None, draft_quantization=None,
+                                 draft_vocab_size=AUTO) -> ResolvedDraft:
     """The draft (``load_draft``) and, where its tokenizer differs from the target's, both tokenizers
     (``different_tokenizers``)."""
     draft = load_draft(draft_model, target, revision=revision, token=token, draft_tokenizer=draft_tokenizer,
-                       draft_quantization=draft_quantization)
+                       draft_quantization=draft_quantization, draft_vocab_size=draft_vocab_size,
+                       target_tokenizer=target_tokenizer)
     tokenizers = different_tokenizers(target, draft.model, target_tokenizer, draft.tokenizer)
-    return ResolvedDraft(draft.model, tokenizers, draft.tokenizer or target_tokenizer, draft.loaded, draft.weights)
+    return ResolvedDraft(draft.model, tokenizers, draft.tokenizer or target_tokenizer, draft.loaded, draft.weights,
+                         draft.vocabulary)
 
 
 def load_draft(draft_model, target: PreTrainedModel, *, revision: str | None = None, token=None,
-               draft_tokenizer=None, draft_quantization=None) -> ResolvedDraft:
+               draft_tokenizer=None, draft_quantization=None, draft_vocab_size=None,
+               target_tokenizer=None) -> ResolvedDraft:
     """The draft as a model on the target's device, and its tokenizer (the one given; else, for a draft given by
     id or path, the one saved with it; else None).
 
     A Hub id or path is loaded (once per process, then reused) on the target's device in the target's
-    dtype, or in the form ``draft_quantization`` asks: "auto" (int8 weights where they time faster here,
-    ``hf_spec.draft.forms``), bitsandbytes ("4bit": NF4 with double quantization, compute dtype = the target's;
-    "8bit": int8; or a BitsAndBytesConfig), or "int8_weight_only" (CPU: torch's int8 kernel, ``hf_spec.draft.int8``).
-    A model object on another device is moved there; it is used as given (``draft_quantization`` "auto" or None).
+    dtype, or in the form ``draft_quantization`` asks: "auto" (the weights, as loaded, int8 or int4, that predict the
+    most tokens per second beside this target, ``hf_spec.draft.forms``; with ``draft_vocab_size="auto"``, chosen
+    together with a vocabulary subset), bitsandbytes ("4bit": NF4 with double quantization, compute dtype = the
+    target's; "8bit": int8; or a BitsAndBytesConfig), "int8_weight_only" or "int4_weight_only" (CPU: torch's
+    kernels, ``hf_spec.draft.int8``, ``hf_spec.draft.int4``). On a CPU it attends with
+    ``hf_spec.draft.attention`` where that times faster. A model object on another device is moved there; it is
+    used as given (``draft_quantization`` "auto" or None).
     """
     if draft_model is None:
         raise ValueError("strategy='draft' needs a draft model: pass draft_model= (a model object, a Hub id or "
                          "a local path), or assistant_model=.")
+    vocabulary = None
     if isinstance(draft_model, (str, os.PathLike)):
-        request = draft_quantization if draft_quantization in (AUTO, INT8_WEIGHT_ONLY) else \
+        request = draft_quantization if draft_quantization in (AUTO, INT8_WEIGHT_ONLY, INT4_WEIGHT_ONLY) else \
             quantization_config(draft_quantization, target)
-        draft, weights = _load_draft(str(draft_model), str(execution_device(target)), target.dtype, revision, token,
-                                     request)
         draft_tokenizer = draft_tokenizer or _load_tokenizer(str(draft_model), revision, token)
-        loaded = True
+        draft, form = _load_draft(str(draft_model), str(execution_device(target)), target.dtype, revision, token,
+                                  request, _Choice(target, is_auto(draft_vocab_size), draft_tokenizer,
+                                                   target_tokenizer))
+        weights, loaded = form.weights, True
+        if form.vocabulary is not None:
+            vocabulary = form.vocab_size, form.vocabulary
     elif isinstance(draft_model, PreTrainedModel):
         if draft_quantization not in (None, AUTO):
             raise ValueError("draft_quantization applies when the draft is loaded: pass draft_model as a Hub id or "
@@ -87,7 +102,7 @@ def load_draft(draft_model, target: PreTrainedModel, *, revision: str | None = N
                         f"got {type(draft_model).__name__}.")
     if draft.config.is_encoder_decoder:
         raise ValueError(f"The draft {type(draft).__name__} is an encoder-decoder model; use a causal LM draft.")
-    return ResolvedDraft(draft, None, draft_tokenizer, loaded, weights)
+    return ResolvedDraft(draft, None, draft_tokenizer, loaded, weights, vocabulary)
 
 
 def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None) -> None:
@@ -165,8 +180,9 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
     if draft_quantization is None:
         return None
     if draft_quantization not in ("4bit", "8bit") and not isinstance(draft_quantization, BitsAndBytesConfig):
-        raise ValueError(f"draft_quantization must be '4bit', '8bit', '{INT8_WEIGHT_ONLY}', 'auto' (the default: "
-                         f"what times faster here), None or a BitsAndBytesConfig; got {draft_quantization!r}.")
+        raise ValueError(f"draft_quantization must be '4bit', '8bit', '{INT8_WEIGHT_ONLY}', '{INT4_WEIGHT_ONLY}', "
+                         f"'auto' (the default: the form that predicts the most tokens per second here), None or a "
+                         f"BitsAndBytesConfig; got {draft_quantization!r}.")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ValueError("draft_quantization needs bitsandbytes: pip install bitsandbytes (or 'hf-spec[quantization]').")
     if isinstance(draft_quantization, BitsAndBytesConfig):
@@ -178,28 +194,68 @@ def quantization_config(draft_quantization, target) -> BitsAndBytesConfig | None
     return BitsAndBytesConfig(load_in_8bit=True)  # "8bit"
 
 
-_LOADED_DRAFTS: dict[tuple, tuple] = {}  # the two most recently loaded drafts (and why their form), reused across calls
+@dataclass(frozen=True)
+class _Choice:
+    """What choosing a loaded draft's form reads besides the draft: the target it will serve, whether its vocabulary
+    is chosen too (``draft_vocab_size="auto"``), and both tokenizers where known (the reference text is read in the
+    draft's where it gives the target's ids)."""
+
+    target: PreTrainedModel
+    vocab_auto: bool
+    draft_tokenizer: object = None
+    target_tokenizer: object = None
+
+    def shares_ids(self, draft) -> bool:
+        if _vocab_size(self.target) != _vocab_size(draft):
+            return False
+        known = _target_tokenizer(self.target, self.target_tokenizer, self.draft_tokenizer)
+        return known is None or self.draft_tokenizer is None or not tokenizers_differ(known, self.draft_tokenizer)
+
+    def reference_tokenizer(self, draft):
+        """The tokenizer to read the reference text in: the draft's, else the target's; None where the two models'
+        ids differ."""
+        if not self.shares_ids(draft):
+            return None
+        return self.draft_tokenizer or _target_tokenizer(self.target, self.target_tokenizer, self.draft_tokenizer) \
+            or (saved_tokenizer(self.target) if self.target_tokenizer is None else self.target_tokenizer)
+
+    def key(self, request) -> tuple:
+        """What of this choice the kept draft depends on: the target (by object) where the form is predicted for it."""
+        depends = request == AUTO or self.vocab_auto
+        return (self.vocab_auto, _target_token(self.target) if depends else None)
+
+
+_TARGET_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> a number, while it lives
+_NEXT_TOKEN = itertools.count()
+
+
+def _target_token(target) -> int:
+    if target not in _TARGET_TOKENS:
+        _TARGET_TOKENS[target] = next(_NEXT_TOKEN)
+    return _TARGET_TOKENS[target]
+
+
+_LOADED_DRAFTS: dict[tuple, tuple] = {}  # the two most recently loaded drafts (and their forms), reused across calls
 
 
 def _load_draft(name: str, device: str, dtype: torch.dtype, revision: str | None, token,
-                request: BitsAndBytesConfig | str | None = None) -> tuple[PreTrainedModel, str]:
-    """The draft ``name`` in the form ``request`` asks ("auto", "int8_weight_only", a BitsAndBytesConfig or None),
-    and why its weights are in that form. Kept by what the folder's files are (``files_fingerprint``), so a draft
-    rewritten at the same path is loaded anew (a Hub id's files are pinned by ``revision``)."""
+                request: BitsAndBytesConfig | str | None, choice: _Choice) -> tuple[PreTrainedModel, DraftForm]:
+    """The draft ``name`` in the form ``request`` asks ("auto", "int8_weight_only", "int4_weight_only", a
+    BitsAndBytesConfig or None) and ``choice`` chooses (``hf_spec.draft.forms.choose_form``), and that form. Kept by
+    what the folder's files are (``files_fingerprint``), so a draft rewritten at the same path is loaded anew (a Hub
+    id's files are pinned by ``revision``), and by the target where the form was predicted for it."""
     request_key = json.dumps(request.to_dict(), sort_keys=True, default=str) if isinstance(
         request, BitsAndBytesConfig) else request
-    key = (name, device, str(dtype), revision, request_key, files_fingerprint(name))
+    key = (name, device, str(dtype), revision, request_key, files_fingerprint(name), choice.key(request))
     if key not in _LOADED_DRAFTS:
         if len(_LOADED_DRAFTS) >= 2:
             _LOADED_DRAFTS.pop(next(iter(_LOADED_DRAFTS)))
         bitsandbytes = request if isinstance(request, BitsAndBytesConfig) else None
         draft = _load_draft_uncached(name, device, dtype, revision, token, bitsandbytes)
-        if request == AUTO:
-            _LOADED_DRAFTS[key] = with_cheaper_weights(draft)
-        elif request == INT8_WEIGHT_ONLY:
-            _LOADED_DRAFTS[key] = quantize_int8_weight_only(draft), "int8 weights (as asked)"
-        else:
-            _LOADED_DRAFTS[key] = draft, "bitsandbytes weights (as asked)" if bitsandbytes else "weights as loaded"
+        _LOADED_DRAFTS[key] = choose_form(
+            draft, choice.target, request, choice.vocab_auto, choice.reference_tokenizer(draft),
+            choice.shares_ids(draft),
+            as_loaded="bitsandbytes weights (as asked)" if bitsandbytes else "weights as loaded")
     return _LOADED_DRAFTS[key]
 
 
