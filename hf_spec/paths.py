@@ -64,3 +64,10 @@ def _file_key(path: Path) -> tuple:
     if stat.st_size <= SMALL_FILE:
         return path.name, hashlib.sha256(path.read_bytes()).hexdigest()
     return path.name, stat.st_size, stat.st_mtime_ns
+
+
+def files_digest(source) -> str | None:
+    """``files_fingerprint`` as one string, for a cache's settings file; None for a Hub id or an object not loaded
+    from disk."""
+    fingerprint = files_fingerprint(source)
+    return "sha256:" + hashlib.sha256(repr(fingerprint).encode()).hexdigest() if fingerprint else None

@@ -197,3 +197,21 @@ def test_a_damaged_shard_or_checkpoint_is_refused_with_what_to_do(model, questio
     (tmp_path / "checkpoint.pt").write_bytes(b"")
     with pytest.raises(ValueError, match="checkpoint.pt cannot be read as a checkpoint"):
         train(model, tmp_path, questions, resume=True)
+
+
+def test_a_data_file_rewritten_since_the_shards_were_labelled_is_refused_on_resume(model, questions, tmp_path):
+    documents = tmp_path / "documents"
+    documents.mkdir()
+    for i in range(6):
+        (documents / f"f{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" * 4)
+
+    def run(**options):
+        train_eagle(model, tmp_path / "run", str(documents), tokenizer=chat_tokenizer(), questions=questions,
+                    config=EagleTrainConfig(**CONFIG), max_new_tokens=8, measure=False, progress=False,
+                    print_fn=lambda *a: None, **options)
+
+    with pytest.raises(KeyboardInterrupt, match="resume"):
+        run(stop=stopping_after(3))
+    (documents / "f0.py").write_text("def other():\n    return None\n" * 4)  # the same name, other text
+    with pytest.raises(ValueError, match="was labelled with other settings than this run's"):
+        run(resume=True)

@@ -396,3 +396,23 @@ def test_a_damaged_batch_of_continuations_is_refused_with_what_to_do(tokenizer, 
     with pytest.raises(ValueError, match=f"{batch} cannot be read as a batch of continuations .*Delete it and run "
                                          "again"):
         self_distill(model, tokenizer, prompts, max_new_tokens=3, batch_size=2, progress=False, shards=tmp_path)
+
+
+def test_held_out_continuations_are_kept_by_what_the_model_folder_holds_not_its_name(tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from hf_spec.training.data import SelfDistillation
+    from tests.test_medusa_train import questions_file
+
+    questions, folder = questions_file(tmp_path, 10), tmp_path / "model"
+
+    def held_out(run: str) -> list[list[int]]:
+        model = AutoModelForCausalLM.from_pretrained(folder)  # loaded by path, as the commands load it
+        data = SelfDistillation(model, tokenizer, tmp_path / run, questions, max_new_tokens=6, progress=False,
+                                print_fn=lambda *a: None)
+        return [c.tokens for c in data.continuations("eval", do_sample=False)]
+
+    tiny_causal_lm("llama", seed=1).save_pretrained(folder)
+    first = held_out("run")
+    tiny_causal_lm("llama", seed=2).save_pretrained(folder)  # the same path, another model
+    assert held_out("run") == held_out("fresh") != first

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from ..engine.runner import takes_logits_to_keep
 from ..conversations import read_conversations
+from ..paths import files_digest
 from ..prompts import SPEC_BENCH_QUESTIONS, Prompt, encode_ids, left_padded, load_prompts
 from .optimization import read_torch_file
 
@@ -229,8 +230,8 @@ class SelfDistillation:
     """The prompts split by question id (``eval_questions.jsonl`` in ``folder``: the held-out rows, for the bench)
     and each split's continuations by ``model``, with the hidden states of ``layers`` at ``positions`` in
     ``dtype``, cached in ``folder/cache/<split>/`` (one file per generation batch, naming its prompts, and the
-    settings they were made with, the prompts file by its contents: other settings start the split afresh; the
-    same ones resume or reuse it, whatever the generation batch size).
+    settings they were made with, the prompts file and a model folder by their contents: other settings start the
+    split afresh; the same ones resume or reuse it, whatever the generation batch size).
 
     ``limit`` trains on that many prompts taken evenly over the file (and evaluates on a quarter as many), so
     every category keeps its share. ``skip_bad_records``: a bad record of the prompts file is skipped and counted
@@ -255,8 +256,8 @@ class SelfDistillation:
         self.split = (f"{len(train)} training prompts, {len(held_out)} held out (question_id % {eval_every} == 0) of "
                       f"the {total} in {prompts_path}{f', limit {limit}' if limit else ''}")
         print_fn(self.split)
-        self.settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype),
-                         "prompts": _digest(prompts_path), "limit": limit, "eval_every": eval_every,
+        self.settings = {"model": getattr(model, "name_or_path", None), "model_files": files_digest(model),
+                         "model_dtype": str(model.dtype), "prompts": _digest(prompts_path), "limit": limit, "eval_every": eval_every,
                          "max_new_tokens": max_new_tokens, "layers": list(layers),
                          "positions": positions, "dtype": str(dtype), "data_format": 4}
 

@@ -25,6 +25,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -35,9 +36,9 @@ from typing import Callable, Iterable
 import torch
 from tqdm.auto import tqdm
 
-from ..conversations import Conversation, Message
+from ..conversations import Conversation, Message, content_id
 from ..eagle.loading import aux_layer_ids, load_eagle_draft, save_eagle_draft
-from ..paths import refuse_overwriting
+from ..paths import files_digest, refuse_overwriting
 from ..settings import COUNT, NON_NEGATIVE, NON_NEGATIVE_COUNT, POSITIVE, SHARE, TRAINING_WINDOW
 from ..token_map import TokenMap
 from .data import SelfDistillation, frozen_model
@@ -47,7 +48,7 @@ from .eagle_stream import CHECKPOINT, MILESTONES, DraftTrainer, TrainingProgress
 from .labelling import Labelled
 from .optimization import stop_requests
 from .shards import LABELS, Labeller, ShardStream
-from .sources import HeldOut, mix, parse_data_specs, read_sources
+from .sources import HeldOut, Source, mix, parse_data_specs, read_sources
 
 SHARDS, TRAINED = "shards", "trained.json"
 SCHEDULES = ("constant", "cosine")
@@ -182,21 +183,34 @@ def nothing_trained(progress: TrainingProgress, what: str) -> str:
 
 
 def _training_data(data, pipeline: SelfDistillation, skip_bad_records: bool, seed: int, print_fn
-                   ) -> tuple[Callable[[], Iterable[Conversation]], str]:
-    """The training conversations (a function that gives them from the start, in one order) and what they are,
-    for messages and the cache's settings: ``data`` None (the training split of the questions), a function, or
-    data specs (``hf_spec.training.sources``: files, folders and built-in sources with weights, mixed, with
-    whatever shares a 13-gram with a Spec-Bench question or a held-out question dropped)."""
+                   ) -> tuple[Callable[[], Iterable[Conversation]], str, str | None]:
+    """The training conversations (a function that gives them from the start, in one order), what they are (for
+    messages and the cache's settings) and a digest of their contents (the cache's settings: labels of a file
+    rewritten since are not reused; None for a function): ``data`` None (the training split of the questions), a
+    function, or data specs (``hf_spec.training.sources``: files, folders and built-in sources with weights,
+    mixed, with whatever shares a 13-gram with a Spec-Bench question or a held-out question dropped)."""
     if data is None:
-        return (lambda: prompt_conversations(pipeline)), f"the training questions ({pipeline.split})"
+        return ((lambda: prompt_conversations(pipeline)), f"the training questions ({pipeline.split})",
+                pipeline.settings["prompts"])
     if callable(data):
-        return data, "the conversations given"
+        return data, "the conversations given", None
     specs = parse_data_specs([str(data)] if isinstance(data, (str, Path)) else [str(d) for d in data])
     held_out = HeldOut.spec_bench()
     for prompt in pipeline.prompts["eval"]:
         held_out.add(prompt.text)
     sources = read_sources(specs, held_out, skip_bad_records, print_fn)
-    return (lambda: mix(sources, seed)), ", ".join(f"{spec.source}:{spec.weight:g}" for spec in specs)
+    return ((lambda: mix(sources, seed)), ", ".join(f"{spec.source}:{spec.weight:g}" for spec in specs),
+            _sources_digest(sources))
+
+
+def _sources_digest(sources: list[Source]) -> str:
+    """The sources' conversations (every message), names and weights, as one hash."""
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(f"{source.name}\0{source.weight}\0{len(source.conversations)}\0".encode())
+        for conversation in source.conversations:
+            digest.update(content_id(conversation.messages).encode())
+    return "sha256:" + digest.hexdigest()
 
 
 def _held_out(pipeline: SelfDistillation) -> list[Labelled]:
@@ -240,8 +254,9 @@ def _set_up(model, output_dir, data, tokenizer, labels: str, config: EagleTrainC
     pipeline = SelfDistillation(model, tokenizer, output_dir, questions, eval_every, None, max_new_tokens,
                                 generation_batch_size, layers=aux, positions="all", dtype=model.dtype,
                                 progress=progress, print_fn=print_fn, skip_bad_records=skip_bad_records)
-    conversations, described = _training_data(data, pipeline, skip_bad_records, config.seed, print_fn)
-    settings = {"model": getattr(model, "name_or_path", None), "model_dtype": str(model.dtype), "data": described,
+    conversations, described, contents = _training_data(data, pipeline, skip_bad_records, config.seed, print_fn)
+    settings = {"model": getattr(model, "name_or_path", None), "model_files": files_digest(model),
+                "model_dtype": str(model.dtype), "data": described, "data_contents": contents,
                 "labels": labels, "layers": list(aux), "max_new_tokens": max_new_tokens,
                 "generation_batch_size": generation_batch_size, "seed": config.seed,
                 **{key: getattr(config, key) for key in ("top_k", "chunk_size", "shard_tokens", "max_length")}}
