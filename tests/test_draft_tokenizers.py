@@ -4,6 +4,8 @@ disagree), a disguised copy of the target that is always right through text, the
 through the shared tokens (chi-square, as tests/test_sampling_distribution.py), and the refusals."""
 import copy
 import math
+import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -378,14 +380,38 @@ def test_resolve_draft_still_promises_the_target_tokenizer(char_target, chars, m
 # --- what the tokenizer work costs: the micro-benchmark ---
 
 
-def test_the_text_bridge_benchmark_walks_the_text(chars, multi, tmp_path, capsys):
+def test_the_text_bridge_benchmark_walks_the_text(chars, multi, tmp_path, capsys, monkeypatch):
+    """On a clock that only the two conversions move (1 ms for the draft's context, 0.25 ms for each conversion of
+    the draft's tokens), the medians are exactly what each part of a step cost."""
+    import text_bridge_cost
     from text_bridge_cost import main, measure
 
-    ids = chars.encode("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
-    result = measure(chars, multi, ids, start=10, k=4)
+    from hf_spec.draft.translation import ProposalConverter
+
+    clock, conversions = [0.0], []  # conversions: per step, how many times the draft's tokens were converted
+    context, convert = TextBridge.draft_context, ProposalConverter.target_tokens
+
+    def draft_context(self, committed):  # a step begins
+        clock[0] += 1e-3
+        conversions.append(0)
+        return context(self, committed)
+
+    def target_tokens(self, drafted):
+        clock[0] += 0.25e-3
+        conversions[-1] += 1
+        return convert(self, drafted)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(text_bridge_cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+        patch.setattr(TextBridge, "draft_context", draft_context)
+        patch.setattr(ProposalConverter, "target_tokens", target_tokens)
+        ids = chars.encode("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
+        result = measure(chars, multi, ids, start=10, k=4)
     # proposals are the text's own characters: 4 a step plus the bonus token
-    assert result["agreement"] == 1.0 and result["steps"] == math.ceil((len(ids) - 10) / 5)
-    assert 0 < result["context_ms"] < result["step_ms"]
+    assert result["agreement"] == 1.0 and result["steps"] == len(conversions) == math.ceil((len(ids) - 10) / 5)
+    assert result["context_ms"] == pytest.approx(1.0)
+    assert result["proposal_ms"] == pytest.approx(0.25 * statistics.median(conversions))
+    assert result["step_ms"] == pytest.approx(statistics.median(1.0 + 0.25 * n for n in conversions))
     chars.save_pretrained(tmp_path / "target")
     multi.save_pretrained(tmp_path / "draft")
     main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--tokens", "40", "--k", "3",
