@@ -481,11 +481,28 @@ def test_padding_mask_of():
 
 
 def test_an_integer_valid_mask_works_like_a_boolean_one(target):
-    """0/1 masks are stored as booleans, so a later tree block can use them."""
-    model = CachedModel(target, new_cache(target), batch_size=2)
-    model.forward(torch.tensor([[5, 6, 7], [8, 9, 10]]), 1, valid=torch.tensor([[0, 1, 1], [1, 1, 1]]))
-    assert model.valid.dtype == torch.bool and model.valid.tolist() == [[False, True, True], [True, True, True]]
+    """0/1 masks, given to a chain's forward or to a tree's, give the logits a boolean mask gives (each row's are
+    the plain model's on its own tokens), and are stored as booleans, so a later tree block can use them."""
     buffers = build_tree_buffers([(0,), (1,), (0, 0)])
-    out = model.forward(torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), 0, tree_mask=buffers.ancestor_mask,
-                        tree_depths=buffers.depths)
-    assert out.logits.shape[:2] == (2, 4)
+    prefill = torch.cat([tokens(3, seed=130), tokens(3, seed=131)])
+    block = torch.cat([tokens(4, seed=132), tokens(4, seed=133)])
+    chain_mask = torch.tensor([[0, 1, 1], [1, 1, 1]])  # row 0's first entry is padding
+    tree_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 1]])  # row 1 fed no node 2
+    logits = {}
+    for kind in (torch.long, torch.bool):
+        model = CachedModel(target, new_cache(target), batch_size=2)
+        first = model.forward(prefill, 1, valid=chain_mask.to(kind))
+        assert model.valid.dtype == torch.bool and model.valid.tolist() == [[False, True, True], [True, True, True]]
+        out = model.forward(block, 0, valid=tree_mask.to(kind), tree_mask=buffers.ancestor_mask,
+                            tree_depths=buffers.depths)
+        assert model.valid.dtype == torch.bool and model.valid[:, 3:].tolist() == tree_mask.bool().tolist()
+        logits[kind] = first.logits, out.logits
+    for integer, boolean in zip(*logits.values()):
+        assert torch.equal(integer, boolean)
+    rows = [prefill[0:1, 1:], prefill[1:2]]
+    close(logits[torch.long][0][0, -1], plain_logits(target, rows[0])[0, -1])
+    for r, row in enumerate(rows):
+        for node in range(buffers.num_nodes + 1):
+            if tree_mask[r, node]:
+                sequence = torch.cat([row, block[r:r + 1, path_to(buffers, node)]], dim=1)
+                close(logits[torch.long][1][r, node], plain_logits(target, sequence)[0, -1])
