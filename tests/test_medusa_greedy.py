@@ -1,4 +1,5 @@
 """Medusa: greedy equivalence with plain generate() through the unmodified Llama and Qwen2 forwards."""
+import importlib
 import math
 
 import pytest
@@ -84,12 +85,29 @@ def test_medusa_heads_from_a_folder(target, prompt, heads, tmp_path):
     assert torch.equal(medusa(target, prompt, str(tmp_path / "heads")), plain(target, prompt))
 
 
-def test_typical_acceptance_samples(target, prompt, heads):
-    torch.manual_seed(0)
-    out = target.generate(**prompt, do_sample=True, temperature=0.7, max_new_tokens=NEW_TOKENS, strategy="medusa",
-                          medusa_heads=heads, acceptance="typical", posterior_threshold=0.09, posterior_alpha=0.3)
-    assert out.shape[1] <= prompt["input_ids"].shape[1] + NEW_TOKENS
-    assert hf_spec.last_stats().steps > 0
+def test_typical_acceptance_samples(target, prompt, heads, monkeypatch):
+    """The typical rule judges every step that proposed (with the thresholds given) and keeps candidates; the output is a sample:
+    the same seed draws it again, other seeds draw otherwise."""
+    rule = importlib.import_module("hf_spec.verify.rule")
+    judged, typical = [], rule.typical_accept_tree
+    monkeypatch.setattr(rule, "typical_accept_tree", lambda *args: judged.append(args[4:6]) or typical(*args))
+
+    def sample(seed):
+        torch.manual_seed(seed)
+        out = target.generate(**prompt, do_sample=True, temperature=0.7, max_new_tokens=NEW_TOKENS,
+                              min_new_tokens=NEW_TOKENS, strategy="medusa", medusa_heads=heads, acceptance="typical",
+                              posterior_threshold=0.09, posterior_alpha=0.3)
+        stats = hf_spec.last_stats()
+        assert out.shape[1] == prompt["input_ids"].shape[1] + NEW_TOKENS
+        assert stats.accepted + stats.bonus == NEW_TOKENS
+        assert len(judged) == sum(k > 0 for k in stats.k_per_step) > 0  # every step that proposed
+        judged.clear()
+        return out[0].tolist(), stats.accepted
+
+    drawn = {seed: sample(seed) for seed in range(4)}
+    assert sample(0) == drawn[0]
+    assert len({tuple(tokens) for tokens, _ in drawn.values()}) > 1
+    assert sum(accepted for _, accepted in drawn.values()) > 0
 
 
 @pytest.mark.parametrize("kwargs, message", [
