@@ -16,6 +16,7 @@ from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor
 import hf_spec
 import hf_spec.logits.chain as acceptance
 import hf_spec.verify.rule
+import hf_spec.verify.tree as tree_rules
 from hf_spec.draft.proposer import DraftModelProposer
 from hf_spec.testing import tiny_causal_lm
 
@@ -23,6 +24,9 @@ VOCAB, NEW_TOKENS, DRAWS, ALPHA = 6, 3, 800, 1e-3
 SAMPLING = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=NEW_TOKENS,
                 min_new_tokens=NEW_TOKENS)
 PROMPT = torch.tensor([[1, 3, 4]])
+# draft_vocab_size=1 keeps id 0, eos (2) and this prompt's 4 and 5: the draft or heads can never propose 1 or 3, which
+# the target samples in about 35% of its 3-token continuations here (the whole joint mass outside is checked below)
+SUBSET_PROMPT, OUTSIDE_SUBSET = torch.tensor([[5, 5, 4]]), {1, 3}
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +77,12 @@ def chi_square_p_value(samples: list[tuple], joint: dict[tuple, float]) -> float
     return stats.chisquare(observed, expected).pvalue
 
 
-def draw(pair, k=2, prompt=PROMPT, **kwargs) -> tuple[list[tuple], float]:
-    """DRAWS speculative samples of NEW_TOKENS tokens, and the acceptance rate over all of them."""
+def draw(pair, k=2, prompt=PROMPT, draws=DRAWS, **kwargs) -> tuple[list[tuple], float]:
+    """``draws`` speculative samples of NEW_TOKENS tokens, and the acceptance rate over all of them."""
     target, draft = pair
     torch.manual_seed(0)
     samples, accepted, proposed = [], 0, 0
-    for _ in range(DRAWS):
+    for _ in range(draws):
         out = target.generate(prompt, strategy="draft", draft_model=draft, num_speculative_tokens=k, **SAMPLING,
                               **kwargs)
         samples.append(tuple(out[0, prompt.shape[1]:].tolist()))
@@ -99,10 +103,9 @@ def test_speculative_sampling_recovers_the_target_distribution(pair):
 def test_a_draft_vocabulary_subset_keeps_the_target_distribution(pair):
     # the draft scores id 0, the prompt's 4 and 5 and eos 2: it can never propose 1 or 3, which the target
     # samples often; q must be the subset's own distribution for the rule to stay exact
-    prompt = torch.tensor([[5, 5, 4]])
-    joint = exact_joint(pair[0], prompt)
-    assert sum(p for cell, p in joint.items() if {1, 3} & set(cell)) > 0.3
-    samples, acceptance_rate = draw(pair, prompt=prompt, draft_vocab_size=1)
+    joint = exact_joint(pair[0], SUBSET_PROMPT)
+    assert sum(p for cell, p in joint.items() if OUTSIDE_SUBSET & set(cell)) > 0.3
+    samples, acceptance_rate = draw(pair, prompt=SUBSET_PROMPT, draft_vocab_size=1)
     assert chi_square_p_value(samples, joint) > ALPHA
     assert 0.2 < acceptance_rate < 0.95
 
@@ -159,12 +162,12 @@ def medusa_heads(pair):
     return heads
 
 
-def draw_medusa(target, heads, **kwargs) -> list[tuple]:
+def draw_medusa(target, heads, prompt=PROMPT, draws=DRAWS, **kwargs) -> tuple[list[tuple], int]:
     torch.manual_seed(0)
     samples, accepted = [], 0
-    for _ in range(DRAWS):
-        out = target.generate(PROMPT, strategy="medusa", medusa_heads=heads, tree=TREE, **SAMPLING, **kwargs)
-        samples.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
+    for _ in range(draws):
+        out = target.generate(prompt, strategy="medusa", medusa_heads=heads, tree=TREE, **SAMPLING, **kwargs)
+        samples.append(tuple(out[0, prompt.shape[1]:].tolist()))
         accepted += hf_spec.last_stats().accepted
     return samples, accepted
 
@@ -194,11 +197,14 @@ def test_tree_sampling_recovers_the_target_distribution(pair, medusa_heads):
 
 
 def test_medusa_heads_scoring_a_vocabulary_subset_keep_the_target_distribution(pair, medusa_heads):
-    """draft_vocab_size=1 keeps id 0, eos (2) and the prompt's ids (1, 3, 4): the heads never propose 5."""
-    samples, accepted = draw_medusa(pair[0], medusa_heads, draft_vocab_size=1)
+    """The heads never propose 1 or 3 (SUBSET_PROMPT), which the target samples often: they are sampled at the
+    target's own rate, as every other continuation (a rule that halves their rate is caught, below)."""
+    joint = exact_joint(pair[0], SUBSET_PROMPT)
+    assert sum(p for cell, p in joint.items() if OUTSIDE_SUBSET & set(cell)) > 0.3
+    samples, accepted = draw_medusa(pair[0], medusa_heads, prompt=SUBSET_PROMPT, draft_vocab_size=1)
     assert hf_spec.last_stats().choices["draft form"] == "1 ids (as asked)"
-    assert accepted > 0 and any(5 in sample for sample in samples)
-    assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
+    assert accepted > DRAWS // 4  # the heads' candidates in the subset were judged, and often kept
+    assert chi_square_p_value(samples, joint) > ALPHA
 
 
 def test_tree_sampling_without_renormalisation_is_caught(pair, medusa_heads, monkeypatch):
@@ -232,13 +238,13 @@ def eagle_draft(pair):
     return draft.eval()
 
 
-def draw_eagle(target, draft, **kwargs) -> tuple[list[tuple], int]:
+def draw_eagle(target, draft, prompt=PROMPT, draws=DRAWS, **kwargs) -> tuple[list[tuple], int]:
     torch.manual_seed(0)
     samples, accepted = [], 0
-    for _ in range(DRAWS):
-        out = target.generate(PROMPT, strategy="eagle", eagle_model=draft, num_speculative_tokens=4, tree_depth=2,
+    for _ in range(draws):
+        out = target.generate(prompt, strategy="eagle", eagle_model=draft, num_speculative_tokens=4, tree_depth=2,
                               tree_top_k=2, **SAMPLING, **kwargs)
-        samples.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
+        samples.append(tuple(out[0, prompt.shape[1]:].tolist()))
         accepted += hf_spec.last_stats().accepted
     return samples, accepted
 
@@ -265,12 +271,68 @@ def eagle1_draft():
 
 
 def test_eagle1_sampling_over_a_vocabulary_subset_recovers_the_target_distribution(pair, eagle1_draft):
-    """draft_vocab_size=1 keeps id 0, eos (2) and the prompt's ids (1, 3, 4): the draft never proposes 5, which the
-    target still samples at its own rate."""
-    samples, accepted = draw_eagle(pair[0], eagle1_draft, draft_vocab_size=1)
+    """The draft never proposes 1 or 3 (SUBSET_PROMPT), which the target samples often: they are sampled at the
+    target's own rate, as every other continuation (a rule that halves their rate is caught, below)."""
+    joint = exact_joint(pair[0], SUBSET_PROMPT)
+    assert sum(p for cell, p in joint.items() if OUTSIDE_SUBSET & set(cell)) > 0.3
+    samples, accepted = draw_eagle(pair[0], eagle1_draft, prompt=SUBSET_PROMPT, draft_vocab_size=1)
     assert hf_spec.last_stats().choices["draft form"] == "1 ids (as asked)"
-    assert accepted > DRAWS // 4 and any(5 in sample for sample in samples)
-    assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
+    assert accepted > DRAWS // 4
+    assert chi_square_p_value(samples, joint) > ALPHA
+
+
+def _residual_within_the_draft_vocabulary(target_probs, node_tokens, children, uniforms):
+    """Wrong: after its candidates are rejected, the bonus token is drawn from the residual over the draft's own
+    ids only, as if the target could say only what the draft can; ids outside keep their mass at a leaf. Here that
+    halves the rate of continuations holding 1 or 3 (35% -> 17%): every sample set still holds some."""
+    accepted, bonus = tree_rules.sample_accept_tree(target_probs, node_tokens, children, uniforms)
+    node = accepted[-1] if accepted else 0
+    if children[node]:
+        residual = target_probs[node].clone()
+        residual[[int(node_tokens[kid - 1]) for kid in children[node]]] = 0
+        residual[sorted(OUTSIDE_SUBSET)] = 0
+        if residual.sum() > 0:
+            bonus = acceptance.sample_from(residual, uniforms[-1])
+    return accepted, bonus
+
+
+def _chain_residual_within_the_draft_vocabulary(target_probs, draft_probs, draft_tokens, uniforms):
+    """The same mistake in the chain rule: the recovered token drawn from max(0, p - q) over the draft's ids only
+    (here continuations holding 1 or 3 fall from 38% to 7%)."""
+    num_accepted, bonus = acceptance.speculative_sample(target_probs, draft_probs, draft_tokens, uniforms)
+    if num_accepted < len(draft_tokens):
+        residual = (target_probs[num_accepted] - draft_probs[num_accepted]).clamp_min(0)
+        residual[sorted(OUTSIDE_SUBSET)] = 0
+        if residual.sum() > 0:
+            bonus = acceptance.sample_from(residual, uniforms[-1])
+    return num_accepted, bonus
+
+
+@pytest.mark.parametrize("strategy", ["draft", "medusa", "eagle-1"])
+def test_a_residual_kept_to_the_draft_vocabulary_is_caught(pair, medusa_heads, eagle1_draft, monkeypatch, strategy):
+    """The wrong rule still samples 1 and 3 (what the subset tests once checked), at half their rate or less. 200
+    draws (a quarter of the others) are plenty: its p-value was 1e-40 at 400 draws (draft), 1e-226 (Medusa) and 1e-232
+    (EAGLE-1) at 800, and the chi-square statistic grows with the draws."""
+    import dataclasses
+    import importlib
+
+    from hf_spec.verify import TORCH
+
+    if strategy == "draft":
+        monkeypatch.setattr(hf_spec.verify.rule, "speculative_sample", _chain_residual_within_the_draft_vocabulary)
+        samples, _ = draw(pair, prompt=SUBSET_PROMPT, draws=200, draft_vocab_size=1)
+        assert any(OUTSIDE_SUBSET & set(sample) for sample in samples)
+        assert chi_square_p_value(samples, exact_joint(pair[0], SUBSET_PROMPT)) < ALPHA
+        return
+    module = importlib.import_module(f"hf_spec.{strategy.split('-')[0]}.generate")
+    wrong = dataclasses.replace(TORCH, sample=_residual_within_the_draft_vocabulary)
+    monkeypatch.setattr(module, "get_verifier", lambda name, device: wrong)
+    if strategy == "medusa":
+        samples, _ = draw_medusa(pair[0], medusa_heads, prompt=SUBSET_PROMPT, draws=200, draft_vocab_size=1)
+    else:
+        samples, _ = draw_eagle(pair[0], eagle1_draft, prompt=SUBSET_PROMPT, draws=200, draft_vocab_size=1)
+    assert any(OUTSIDE_SUBSET & set(sample) for sample in samples)  # what the old check asked: it passes
+    assert chi_square_p_value(samples, exact_joint(pair[0], SUBSET_PROMPT)) < ALPHA
 
 
 def test_eagle_sampling_without_renormalisation_is_caught(pair, eagle_draft, monkeypatch):
