@@ -178,3 +178,27 @@ def test_inside_a_tree_the_window_masks_by_position_exactly(tmp_path, target, mo
         keys = list(range(9)) + list(range(9, query + 1))  # committed entries, the ancestors, the node itself
         assert attention[0, 0].tolist() == [query - key < 3 for key in keys]
     assert proposer.tree_positions.shape[1] == 0 and proposer.cache.get_seq_length() == 9  # the tree left the cache
+
+
+def test_a_d2t_in_any_order_is_read_as_upstream_reads_it(tmp_path, target):
+    """SafeAILab's and vLLM's EAGLE-3 map each draft id d to d + d2t[d], whatever the order of the target ids: the
+    same draft with its vocabulary listed backwards (d2t and lm_head rows alike) is the same draft."""
+    config, state, _ = LAYOUTS["eagle3"]()
+    ascending = load_eagle_draft(write(tmp_path / "ascending", config, state), target=target)
+    targets = torch.arange(DRAFT_VOCAB) + state["d2t"]
+    backwards = torch.arange(DRAFT_VOCAB - 1, -1, -1)
+    shuffled = dict(state, d2t=targets[backwards] - torch.arange(DRAFT_VOCAB), **{
+        "lm_head.weight": state["lm_head.weight"][backwards]})
+    draft = load_eagle_draft(write(tmp_path / "backwards", config, shuffled), target=target)
+    assert torch.equal(draft.token_map.target_ids, ascending.token_map.target_ids)
+    assert torch.equal(draft.lm_head.weight, ascending.lm_head.weight)
+
+
+def test_a_d2t_that_maps_two_draft_ids_to_one_target_id_is_refused_by_file_with_the_fix(tmp_path, target):
+    config, state, _ = LAYOUTS["eagle3"]()
+    d2t = state["d2t"].clone()
+    d2t[1] = d2t[0] - 1  # draft id 1 -> the target id of draft id 0
+    folder = write(tmp_path / "twice", config, dict(state, d2t=d2t))
+    with pytest.raises(ValueError, match=f"{folder}: d2t maps draft ids 0 and 1 both to target id 0 .*each target "
+                                         "id once"):
+        load_eagle_draft(folder, target=target)

@@ -54,7 +54,10 @@ def load_eagle_draft(name_or_path: str | os.PathLike, *, target, revision: str |
     else:
         raise FileNotFoundError(f"{name_or_path} has no EAGLE weights: expected model.safetensors or "
                                 "pytorch_model.bin beside config.json.")
-    draft = eagle_from_state_dict(state, config, target)
+    try:
+        draft = eagle_from_state_dict(state, config, target)
+    except ValueError as error:  # which draft: a command may read several
+        raise ValueError(f"{name_or_path}: {error}") from None
     draft.name_or_path = str(name_or_path)
     return draft
 
@@ -214,10 +217,28 @@ def _token_map(state: dict, config: dict, vocab: int) -> TokenMap | None:
         return None
     if draft_vocab is not None and d2t.numel() != draft_vocab:
         raise ValueError(f"d2t has {d2t.numel()} entries; the draft's vocabulary has {draft_vocab} tokens.")
-    token_map = TokenMap.from_d2t(d2t, vocab)
+    token_map = _ascending(d2t, state, vocab)
     if t2d is not None and (t2d.shape != (vocab,) or not torch.equal(t2d.bool(), token_map.t2d)):
         raise ValueError(f"t2d (shape {tuple(t2d.shape)}) does not mark exactly the target ids d2t maps to.")
     return token_map
+
+
+def _ascending(d2t: torch.Tensor, state: dict, vocab: int) -> TokenMap:
+    """The draft vocabulary d2t names (draft id d scores target id d + d2t[d]), held in ascending target ids with
+    the output rows permuted alike: upstream (SafeAILab's EAGLE-3, vLLM) reads a d2t in any order, e.g. target ids
+    [9, 2, 5] -> [2, 5, 9] with lm_head rows [1, 2, 0]. Two draft ids on one target id are refused."""
+    ids = torch.arange(d2t.numel()) + d2t.long().flatten()
+    order = torch.argsort(ids, stable=True)
+    repeated = torch.nonzero(ids[order][1:] == ids[order][:-1]).flatten()
+    if repeated.numel():
+        first, second = sorted(order[int(repeated[0]) : int(repeated[0]) + 2].tolist())
+        raise ValueError(f"d2t maps draft ids {first} and {second} both to target id {int(ids[first])} (target id = "
+                         "draft id + d2t[draft id]): a draft vocabulary holds each target id once. Write d2t again "
+                         "from the draft's vocabulary: d2t[d] = (the target id of draft id d) - d.")
+    head = state.get("lm_head.weight")
+    if head is not None and head.shape[0] == ids.numel() and bool((order != torch.arange(ids.numel())).any()):
+        state["lm_head.weight"] = head[order]  # another shape is refused with the other keys'
+    return TokenMap(ids[order], vocab)
 
 
 def _from_speculators(key: str) -> str:
