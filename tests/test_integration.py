@@ -13,12 +13,17 @@ EXAMPLE_REPO = Path(__file__).parent.parent / "examples" / "custom_generate_repo
 
 
 def test_sampling_is_deterministic_under_a_seed(target, drafts, prompt):
-    def run():
-        torch.manual_seed(7)
-        return target.generate(**prompt, do_sample=True, temperature=0.9, top_p=0.95, max_new_tokens=20,
-                               strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=3)
+    """The same seed draws the same output; the output is a draw (other seeds draw otherwise), made with proposals
+    kept by the sampling rule."""
+    def run(seed):
+        torch.manual_seed(seed)
+        out = target.generate(**prompt, do_sample=True, temperature=0.9, top_p=0.95, max_new_tokens=20,
+                              strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=3)
+        return out, hf_spec.last_stats().accepted
 
-    assert torch.equal(run(), run())
+    first, accepted = run(7)
+    assert torch.equal(run(7)[0], first) and accepted > 0
+    assert not all(torch.equal(run(seed)[0], first) for seed in (8, 9))
 
 
 def test_unregister_restores_generate(target, prompt):
@@ -110,6 +115,9 @@ def test_draft_with_another_tokenizer_goes_through_text(target, prompt):
     out = _generate(target, prompt, draft_model=target, tokenizer=char_tokenizer(), assistant_tokenizer=scrambled,
                     max_new_tokens=12, do_sample=False)
     assert torch.equal(out, expected)
+    stats = hf_spec.last_stats()
+    assert stats.choices["draft form"].endswith("the whole vocabulary (the draft has its own tokenizer)")
+    assert 0 < stats.accepted < stats.proposed  # read as other text, the copy is right only where the texts agree
 
 
 def test_draft_that_cannot_be_moved_is_refused(prompt):
