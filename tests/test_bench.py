@@ -39,8 +39,14 @@ def test_categories_add_questions_of_named_categories(questions):
 
 
 def test_spec_bench_default_has_13_categories():
+    """The Spec-Bench questions ship with the package: 480 in 13 categories, the first of each taken in file order."""
+    everything = load_prompts()
+    assert len(everything) == 480
     prompts = load_prompts(per_category=1)
-    assert len(prompts) in (13, 4)  # 13 with ../shared/data present, else the built-in prompts
+    assert [p.category for p in prompts] == [
+        "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities", "translation",
+        "summarization", "qa", "math_reasoning", "rag"]
+    assert prompts == [next(q for q in everything if q.category == p.category) for p in prompts]
 
 
 COSTS = Costs(verify={1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}, draft={1: 0.1, 2: 0.15},
