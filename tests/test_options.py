@@ -267,15 +267,16 @@ def test_scores_and_logits_are_plain_generates(model, draft, prompt):
 
 def test_strategy_keywords_come_from_the_callables():
     draft, medusa = strategy_keywords("draft"), strategy_keywords("medusa")
-    assert {"draft_model", "num_speculative_tokens", "draft_quantization", "assistant_model", "parallel_draft"} <= draft
+    assert {"draft_model", "num_speculative_tokens", "draft_quantization", "assistant_model", "parallel_draft",
+            "tree", "tree_depth", "tree_top_k"} <= draft  # a draft's own tree
     assert {"medusa_heads", "tree", "acceptance", "tree_verifier"} <= medusa
-    assert not {"medusa_heads", "tree"} & draft and not {"num_speculative_tokens", "draft_model"} & medusa
+    assert not {"medusa_heads", "acceptance"} & draft and not {"num_speculative_tokens", "draft_model"} & medusa
     assert {"token_streamer", "target_tokenizer", "stop_strings"} <= draft & medusa
 
 
 @pytest.mark.parametrize("strategy, kwargs, owner", [
     ("draft", {"medusa_heads": "some/heads"}, "medusa"),
-    ("draft", {"tree": "mc_sim_7b_63"}, "eagle' or 'medusa"),
+    ("draft", {"acceptance": "typical"}, "medusa"),
     ("medusa", {"eagle_model": "some/eagle"}, "eagle"),
     ("medusa", {"num_speculative_tokens": 3}, "draft' or 'eagle' or 'prompt_lookup"),
     ("medusa", {"draft_model": "some/draft"}, "draft"),

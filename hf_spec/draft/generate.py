@@ -11,29 +11,38 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from ..engine.auto import AutoLength
 from ..engine.call import DecodingCall
+from ..engine.dynamic_tree import AutoDynamicTree, TreeConfidence
 from ..engine.loop import speculative_generate
 from ..engine.memory import pair_memory
+from ..engine.placement import execution_device
 from ..engine.schedule import Schedule, SpeculationLength
+from ..engine.trees import resolve_tree, validate_tree
 from ..lookup.generate import LOOKUP_OPTIONS
 from ..lookup.hybrid import beside_prompt_lookup
-from ..settings import DRAFT_VOCAB_SIZE
+from ..settings import DRAFT_VOCAB_SIZE, TREE_DEPTH, TREE_TOP_K
 from ..token_map import TokenMap
+from ..verify import Acceptance, get_verifier
 from .cross_tokenizer import CrossTokenizerProposer
 from .forms import AUTO, asked_vocabulary, cheaper_vocab_size, is_auto
 from .loading import ResolvedDraft, resolve_draft_and_tokenizers
 from .parallel import ParallelDraftProposer, ParallelLength, uses_parallel_drafting
 from .proposer import DraftModelProposer
+from .tree import DraftTreeProposer
 
 LENGTH = SpeculationLength("draft", "draft tokens proposed per step (one chain)", default=5,
                            named=("auto", "stepwise"))
+TREE_LENGTH = SpeculationLength("draft", "tree's nodes per step, with tree= (the draft's tree, verified at once)",
+                                default="auto")
+AUTO_MAX_NODES = 32  # the most nodes "auto" verifies in a step of a draft's tree
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
              stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, *,
-             draft_model=None, num_speculative_tokens: int | str = LENGTH.default, draft_quantization=AUTO,
+             draft_model=None, num_speculative_tokens: int | str | None = None, draft_quantization=AUTO,
              cache_costs: bool = True, token_streamer=None, stop_strings=None, target_tokenizer=None,
              draft_tokenizer=None, revision: str | None = None, token=None, draft_vocab_size: int | str | None = AUTO,
-             prompt_lookup: bool = False, parallel_draft: bool | None = None, **model_kwargs):
+             prompt_lookup: bool = False, parallel_draft: bool | None = None, tree=None, tree_depth: int = 5,
+             tree_top_k: int = 4, tree_verifier: str = "auto", **model_kwargs):
     """Speculative decoding with a draft model, for ``model.generate(custom_generate=...)``.
 
     draft_model: a model object, a Hub id or a local path. A draft with another tokenizer needs both tokenizers
@@ -59,6 +68,12 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     parallel_draft: a parallel draft (PARD: ``pard_token`` in its config) proposes its k tokens from one forward
     (``hf_spec.draft.parallel``). None (default): detected from the config; False: the ordinary chain of k forwards;
     True: refused for a draft without the token.
+    tree: None (default: the chain of k), "dynamic" (EAGLE-2's tree grown over the draft's own cache,
+    ``tree_depth`` levels and ``tree_top_k`` wide: ``hf_spec.draft.tree``) or a static tree (a name or a list of
+    paths of draft ranks, which sets the nodes itself). With a tree, ``num_speculative_tokens`` counts the tree's
+    nodes verified per step, as for eagle: an int, or "auto" (the default with a tree: the node count, 0 = plain
+    decoding included, that the measured costs and the draft's calibrated probabilities say is fastest).
+    ``tree_verifier``: the tree rules' backend ("auto", "triton", "torch").
     token_streamer, target_tokenizer, draft_tokenizer: what ``generate()`` calls ``streamer``, ``tokenizer``
     and ``assistant_tokenizer`` (``strategy=`` renames them: transformers does not hand those to
     custom_generate callables). ``stop_strings`` need ``target_tokenizer``; the two tokenizers, when
@@ -68,21 +83,75 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
                            token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, own_options=LOOKUP_OPTIONS if prompt_lookup else (),
                            **model_kwargs)
-    LENGTH.check(num_speculative_tokens)
+    if num_speculative_tokens is None:  # the default: a chain of 5, or the tree's "auto"
+        num_speculative_tokens = LENGTH.default if tree is None else TREE_LENGTH.default
+    paths = tree_paths(tree, num_speculative_tokens, tree_depth, tree_top_k, prompt_lookup, parallel_draft)
+    if tree is None:
+        LENGTH.check(num_speculative_tokens)
     if draft_vocab_size is not None:
         DRAFT_VOCAB_SIZE.check("draft_vocab_size", draft_vocab_size)
     draft = resolve_draft_and_tokenizers(draft_model, model, revision=revision, token=token,
                                          target_tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer,
                                          draft_quantization=draft_quantization, draft_vocab_size=draft_vocab_size)
     draft_vocab_size, vocabulary = vocab_choice(draft, draft_vocab_size)
+    form = f"{draft.weights}; {vocabulary}"
+    if tree is not None:
+        return tree_generate(call, draft, draft_vocab_size, paths, num_speculative_tokens, tree_depth, tree_top_k,
+                             tree_verifier, cache_costs, form)
     parallel = uses_parallel_drafting(draft.model, parallel_draft, same_tokenizer=draft.tokenizers is None)
     proposer = draft_proposer(draft, call, draft_vocab_size, parallel)
     schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs, parallel)
     if prompt_lookup:
         proposer, schedule = beside_prompt_lookup(proposer, schedule, call, draft.model, num_speculative_tokens,
                                                   cache_costs)
-    form = f"{draft.weights}; {vocabulary}" + ("; parallel: k proposals from one forward" if parallel else "")
+    form += "; parallel: k proposals from one forward" if parallel else ""
     return speculative_generate(call, proposer, schedule, choices={"draft form": form})
+
+
+def tree_paths(tree, num_speculative_tokens, tree_depth: int, tree_top_k: int, prompt_lookup: bool,
+               parallel_draft) -> list[tuple[int, ...]] | None:
+    """``tree=`` checked at the door: None for the chain or the dynamic tree, else a static tree's paths."""
+    if tree is None:
+        return None
+    if prompt_lookup or parallel_draft:
+        raise ValueError(f"tree= grows the draft's own tree; it does not combine with "
+                         f"{'prompt_lookup=True' if prompt_lookup else 'parallel_draft=True'}: drop one of them.")
+    TREE_LENGTH.check(num_speculative_tokens)
+    TREE_DEPTH.check("tree_depth", tree_depth, "strategy='draft': ")
+    TREE_TOP_K.check("tree_top_k", tree_top_k, "strategy='draft': ")
+    return None if tree == "dynamic" else resolve_tree(tree)
+
+
+def tree_generate(call: DecodingCall, draft: ResolvedDraft, draft_vocab_size: int | None,
+                  paths: list[tuple[int, ...]] | None, num_speculative_tokens, tree_depth: int, tree_top_k: int,
+                  tree_verifier: str, cache_costs: bool, form: str):
+    """Decode with the draft's tree (``DraftTreeProposer``): dynamic, or the static ``paths``."""
+    if draft.tokenizers is not None:
+        raise ValueError("A draft's tree proposes target ids, so it needs a draft with the target's tokenizer; "
+                         "drop tree= for a draft with another tokenizer.")
+    model = call.model
+    verifier = get_verifier(tree_verifier, execution_device(model))
+    token_map = draft_token_map(draft_vocab_size, draft.model, call.input_ids, call.generation_config)
+    if paths is not None:  # ranks among the draft's own vocabulary
+        validate_tree(paths, vocab_size=_vocab_size(draft.model) if token_map is None else token_map.size)
+    confidence = None
+
+    def auto() -> AutoDynamicTree:
+        nonlocal confidence
+        memory = pair_memory(model, draft.model, cache_costs, variant="tree")
+        memory.tree_confidence = confidence = memory.tree_confidence or TreeConfidence()
+        return AutoDynamicTree(memory.costs, confidence, AUTO_MAX_NODES, cadence=memory.probe_cadence)
+
+    schedule = TREE_LENGTH.schedule(num_speculative_tokens, auto, fixed=None if paths is None else len(paths))
+    proposer = DraftTreeProposer(draft.model, call.padding_mask, call.batch_size, token_map, tree_depth, tree_top_k,
+                                 confidence, paths)
+    shape = "a static tree" if paths is not None else f"a dynamic tree ({tree_depth} levels, {tree_top_k} wide)"
+    return speculative_generate(call, proposer, schedule, Acceptance(call.do_sample, tree_rules=verifier), verifier,
+                                choices={"draft form": f"{form}; {shape}"})
+
+
+def _vocab_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
 
 
 _VOCAB_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> (size, why), once per draft

@@ -93,17 +93,31 @@ class CachedModel:
         valid = None if valid is None or bool(valid.all()) else valid.to(self.device, torch.bool)
         masked = self._valid is not None or valid is not None
         past, block = self._past_and_block(n, valid) if masked or tree_mask is not None else (None, None)
-        extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         if tree_mask is None:
             layout = self._chain_layout(n, past, block)
         else:
             layout = self._tree_layout(tree_mask.to(self.device), tree_depths.to(self.device), past, block)
+        output = self._run(tokens, layout, logits_to_keep, hidden_layers)
+        if masked:
+            self.valid = torch.cat([past, block], dim=-1)
+        return output
+
+    def forward_masked(self, tokens: torch.LongTensor, attention: torch.BoolTensor,
+                       positions: torch.LongTensor) -> ForwardOutput:
+        """Feed tokens [batch, n] at ``positions`` [batch, n], each attending exactly the entries ``attention``
+        [batch, n, length + n] allows (the cache's, then the block's); logits for all n. Validity is the caller's:
+        e.g. a level of a tree grown over the cache, whose entries the caller rolls back."""
+        tokens = tokens.to(self.device)
+        layout = {"position_ids": positions.to(self.device), "attention_mask": self._additive(attention)[:, None]}
+        return self._run(tokens, layout, 0, ())
+
+    def _run(self, tokens: torch.LongTensor, layout: dict, logits_to_keep: int,
+             hidden_layers: tuple[int, ...]) -> ForwardOutput:
+        extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         if self.head is not None and hidden_layers not in ((), (-1,)):
             raise ValueError("A model scored by its own head gives its last hidden state only.")
         outputs = self._network(input_ids=tokens, **layout, **self._cache_kwargs, use_cache=True,
                                 output_hidden_states=bool(hidden_layers) and self.head is None, **extra)
-        if masked:
-            self.valid = torch.cat([past, block], dim=-1)
         if self.head is not None:
             last = outputs.last_hidden_state
             logits = self.head(last[:, -logits_to_keep:] if logits_to_keep else last)
@@ -181,6 +195,11 @@ class CachedModel:
         positions = past.sum(-1, keepdim=True) + (depths if depths.dim() == 2 else depths.unsqueeze(0))
         rows_mask = tree_mask if tree_mask.dim() == 3 else tree_mask[None]
         allowed = torch.cat([past[:, None, :].expand(-1, n, -1), rows_mask & block[:, None, :]], dim=-1)
+        return {"position_ids": positions, "attention_mask": self._additive(allowed)[:, None]}
+
+    def _additive(self, allowed: torch.BoolTensor) -> torch.Tensor:
+        """A boolean mask [batch, n, m] as the additive one attention takes: 0 where allowed, the dtype's minimum
+        elsewhere."""
         dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        return {"position_ids": positions, "attention_mask": mask[:, None]}
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        return mask.masked_fill_(~allowed.to(self.device), torch.finfo(dtype).min)
