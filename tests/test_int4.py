@@ -40,7 +40,9 @@ def test_the_int4_layer_computes_with_its_dequantized_weight(dtype, group_size, 
                                                              on_the_kernel, monkeypatch):
     torch.manual_seed(0)
     linear = nn.Linear(256, out_features, bias=True).to(dtype)
+    before = linear.weight.detach().clone()
     quantized = Int4WeightOnlyLinear.of(linear, group_size)
+    assert torch.equal(linear.weight, before)  # the source layer is left as it was (a float32 one too)
     assert quantized.weight.shape == linear.weight.shape and quantized.weight.device.type == "meta"
     x = torch.randn(2, positions, 256).to(dtype)  # 2 x 5 rows: a draft step; 2 x 64: a prompt's, dequantized
     expected = x.float() @ quantized.dequantized().T + linear.bias.float()
@@ -143,3 +145,14 @@ def test_an_int4_draft_object_is_refused_for_quantization(target, prompt):
     with pytest.raises(ValueError, match="applies when the draft is loaded"):
         target.generate(**prompt, max_new_tokens=3, strategy="draft", draft_model=target,
                         draft_quantization="int4_weight_only")
+
+
+def test_a_layer_packed_in_chunks_is_the_layer_packed_whole(monkeypatch):
+    """Rows are quantized and packed ``_CHUNK_ROWS`` at a time (an output layer's 151,936): the same buffers."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 200).to(torch.bfloat16)  # 200 rows: padded to 208, a partial last block
+    whole = Int4WeightOnlyLinear.of(linear, 32)
+    monkeypatch.setattr(int4, "_CHUNK_ROWS", 64)
+    chunked = Int4WeightOnlyLinear.of(linear, 32)
+    assert torch.equal(chunked.weight_int4pack, whole.weight_int4pack)
+    assert torch.equal(chunked.scales_and_zeros, whole.scales_and_zeros)
