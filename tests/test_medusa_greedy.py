@@ -86,8 +86,8 @@ def test_medusa_heads_from_a_folder(target, prompt, heads, tmp_path):
 
 
 def test_typical_acceptance_samples(target, prompt, heads, monkeypatch):
-    """The typical rule judges every step that proposed (with the thresholds given) and keeps candidates; the output is a sample:
-    the same seed draws it again, other seeds draw otherwise."""
+    """The typical rule judges every step that proposed (with the thresholds given) and keeps candidates; the output
+    is a sample: the same seed draws it again, other seeds draw otherwise."""
     rule = importlib.import_module("hf_spec.verify.rule")
     judged, typical = [], rule.typical_accept_tree
     monkeypatch.setattr(rule, "typical_accept_tree", lambda *args: judged.append(args[4:6]) or typical(*args))
