@@ -1,6 +1,9 @@
 """``hf-spec demo`` runs offline on its tiny default models and reports equality and statistics."""
+import importlib.metadata
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -27,8 +30,15 @@ def test_cli_demo_exit_code(capsys):
 
 
 def test_console_script_is_installed():
-    out = subprocess.run([sys.executable, "-m", "hf_spec.cli", "--help"], capture_output=True, text=True, check=True)
-    assert "demo" in out.stdout
+    """The installed hf-spec script (pyproject's [project.scripts]) runs the CLI, as python -m hf_spec does."""
+    [entry] = importlib.metadata.entry_points(group="console_scripts", name="hf-spec")
+    assert entry.value == "hf_spec.cli:main"
+    script = Path(sysconfig.get_path("scripts")) / "hf-spec"
+    assert script.is_file(), f"no hf-spec script beside this Python ({script}): pip install -e ."
+    for command in ([str(script), "--help"], [sys.executable, "-m", "hf_spec", "--help"]):
+        out = subprocess.run(command, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("usage: hf-spec") and " demo " in out.stdout, command
 
 
 @pytest.mark.parametrize("command, config_class, option, field, value", [
