@@ -3,7 +3,7 @@ export-eagle`` writes, and hf-spec reads and computes what speculators writes.
 
     tox -e speculators                        # the tiny export the test suite keeps current, and drafts speculators writes
     tox -e speculators -- path/to/export      # an export (its verifier, as the config names it, must load)
-    tox -e speculators -- --write-fixtures    # also record speculators' keys and config in tests/data/upstream/
+    tox -e speculators -- --write-fixtures    # also record speculators' keys, config and logits in tests/data/upstream/
 
 1. Weights: ``speculators.SpeculatorModel.from_pretrained`` on an export (it validates the config and reads the
    verifier's embedding); every tensor in ``model.safetensors`` is a weight or buffer of the model it built, of the
@@ -19,10 +19,10 @@ export-eagle`` writes, and hf-spec reads and computes what speculators writes.
    a reduced and with the full vocabulary, other target layers, and a 4-token sliding window (``layer_types``, as
    speculators' trainer writes it; compared through the proposer, which masks the window, at the first step only:
    speculators' training masks the window by the first step's index at every step, vLLM's attention and hf-spec
-   by position, s tokens narrower at step s + 1); which target layers are read: the config's
-   ``eagle_aux_hidden_state_layer_ids`` as speculators resolves them, and the default its trainer writes
-   (``resolve_target_layer_ids``) against hf-spec's default; drafts with options hf-spec does not run
-   (``norm_before_residual``, ``norm_output``, ``fc_norm``, ``norm_before_fc``) refused, by name.
+   by position, s tokens narrower at step s + 1), and speculators' variants (its trainer's defaults
+   ``norm_before_residual``, ``norm_before_fc`` and ``norm_output`` together and one by one, and ``fc_norm``);
+   which target layers are read: the config's ``eagle_aux_hidden_state_layer_ids`` as speculators resolves them, and
+   the default its trainer writes (``resolve_target_layer_ids``) against hf-spec's default.
 
 Tolerances: tools/upstream_check.py (float32 1e-4; bfloat16 0.05 + 0.05|x| and the same clear top-1). speculators
 pins another transformers than hf-spec's
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from upstream_check import FIXTURES as FIXTURES_DIR
 from upstream_check import ROOT, Mismatch, close, key_shapes, randomize, write_fixture
 
 EXPORT = ROOT / "tests" / "data" / "speculators-export"
@@ -52,7 +53,10 @@ TARGET_LAYERS, DRAFT_VOCAB, PROMPT, TTT_STEPS = 8, 1024, 24, 3
 TEST_SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
               "rms_norm_eps": 1e-6, "max_position_embeddings": 512, "vocab_size": 99, "hidden_act": "silu"}
 TEST_DRAFT_VOCAB = 40
-UNSUPPORTED = ("norm_before_residual", "norm_output", "fc_norm", "norm_before_fc")
+# speculators' EAGLE-3 variants (hf_spec.eagle.model.Eagle3Norms); its trainer's defaults are the first three
+TRAINER_DEFAULTS = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True}
+VARIANTS = {"trainer defaults": TRAINER_DEFAULTS, "fc_norm": {"fc_norm": True},
+            **{name: {name: True} for name in TRAINER_DEFAULTS}}
 
 
 # -- 1. what speculators builds from an export -------------------------------------------------------------------
@@ -247,17 +251,47 @@ def compare_speculators_drafts(work: Path) -> list[str]:
             raise Mismatch(f"{name}: target layers: speculators {theirs}, hf-spec {draft.hidden_layers}")
         lines.append(f"{name}: target layers {theirs} (output_hidden_states indices) in both")
         lines += compare_forward(name, folder, target)
-    for option in UNSUPPORTED:
-        folder = speculators_draft(work / f"draft-{option}", verifier_path, SHAPE, DRAFT_VOCAB, **{option: True})
-        try:
-            load_eagle_draft(folder, target=target)
-        except ValueError as error:
-            if option not in str(error):
-                raise Mismatch(f"{option}: refused without naming it: {error}") from None
-            lines.append(f"a draft with {option}: refused ({error})")
-        else:
-            raise Mismatch(f"a draft with {option} loads, but hf-spec does not compute it")
+    for variant, options in VARIANTS.items():
+        folder = speculators_draft(work / f"draft-{variant.replace(' ', '-')}", verifier_path, SHAPE, DRAFT_VOCAB,
+                                   **options)
+        lines += compare_forward(f"speculators draft, {variant} ({', '.join(options)})", folder, target)
     return lines
+
+
+def written_config(folder: Path) -> dict:
+    """The config speculators wrote, less what names this machine or the versions that wrote it."""
+    config = json.loads((folder / "config.json").read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = None  # this machine's temporary folder
+    for key in ("transformers_version", "speculators_version"):
+        config.pop(key, None)
+    return config
+
+
+def golden_drafts(work: Path, verifier_path: Path) -> list[str]:
+    """Drafts speculators writes with its variants at the tests' tiny shape, each beside speculators' own logits for
+    fixed inputs (``expected.safetensors``: tokens, features and positions as ``speculators_steps`` feeds them, and
+    ``step_{s}`` [1, n, draft_vocab]), in tests/data/upstream/speculators-{variant}/ for the test suite."""
+    from safetensors.torch import save_file
+
+    written = []
+    for variant in ("trainer defaults", "fc_norm"):
+        folder = speculators_draft(work / f"golden-{variant}", verifier_path, TEST_SHAPE, TEST_DRAFT_VOCAB,
+                                   **VARIANTS[variant])
+        generator = torch.Generator().manual_seed(7)
+        n = 12
+        tokens = torch.randint(0, TEST_SHAPE["vocab_size"], (1, n), generator=generator)
+        features = torch.randn(1, n, 3 * TEST_SHAPE["hidden_size"], generator=generator)
+        positions = 1 + torch.arange(n)[None]
+        steps = speculators_steps(load_speculators(folder), features, tokens, positions)
+        out = FIXTURES_DIR / f"speculators-{variant.replace(' ', '-')}"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(written_config(folder), indent=2) + "\n")
+        save_file(load_file(str(folder / "model.safetensors")), str(out / "model.safetensors"))
+        save_file({"tokens": tokens, "features": features, "positions": positions,
+                   **{f"step_{s + 1}": logits.contiguous() for s, logits in enumerate(steps)}},
+                  str(out / "expected.safetensors"))
+        written.append(str(out.relative_to(ROOT)))
+    return written
 
 
 def fixtures(work: Path) -> dict:
@@ -265,11 +299,10 @@ def fixtures(work: Path) -> dict:
     verifier_path = work / "tiny-verifier"
     save_verifier(verifier_path, TEST_SHAPE, TARGET_LAYERS)
     folder = speculators_draft(work / "tiny-draft", verifier_path, TEST_SHAPE, TEST_DRAFT_VOCAB)
-    config = json.loads((folder / "config.json").read_text())
-    config["speculators_config"]["verifier"]["name_or_path"] = None  # this machine's temporary folder
-    for key in ("transformers_version", "speculators_version"):
-        config.pop(key, None)
+    config = written_config(folder)
     state = load_file(str(folder / "model.safetensors"))
+    for line in golden_drafts(work, verifier_path):
+        print(f"wrote {line}")
     return {"source": "vllm-project/speculators (PyPI), written by tools/validate_speculators.py --write-fixtures",
             "shape": {**TEST_SHAPE, "draft_vocab_size": TEST_DRAFT_VOCAB},
             "speculators": {"config": config, **key_shapes(state)}}

@@ -10,7 +10,9 @@
   optionally ``embed_tokens``.
 - vLLM's speculators (``speculators_model_type: "eagle3"``): the EAGLE-3 weights under ``layers.0.*``, the layer's
   config in ``transformer_layer_config``, whose ``sliding_window`` (with ``use_sliding_window`` / ``layer_types``)
-  the draft's attention honours.
+  the draft's attention honours; the variants its trainer writes (``Eagle3Norms``: ``norm_before_residual``,
+  ``norm_before_fc`` with ``input_norm.weight``, ``fc_norm`` with ``fc_norm.{i}.weight``, ``norm_output``), as
+  speculators reads them (absent: False).
 
 Every key is accounted for: a key no upstream version of the layout has (e.g. an EAGLE-3 ``fc.bias``) is refused,
 and errors name the keys as the file spells them.
@@ -33,13 +35,11 @@ from transformers import LlamaConfig
 from ..engine.placement import execution_device
 from ..token_map import TokenMap
 from ..weights import RepoFiles, read_pt, read_safetensors
-from .model import EagleDraft
+from .model import Eagle3Norms, EagleDraft
 
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
                "vocab_size", "hidden_act")
-UNSUPPORTED = {"fc_norm": "a norm per fused chunk", "norm_before_fc": "a norm before fc",
-               "norm_output": "EAGLE-3.1's normed feedback", "norm_before_residual": "a normed residual"}
 
 
 def load_eagle_draft(name_or_path: str | os.PathLike, *, target, revision: str | None = None,
@@ -77,9 +77,7 @@ def eagle_from_state_dict(state: dict[str, torch.Tensor], config: dict, target) 
         layer_config = config
     version = 3 if speculators or "LlamaForCausalLMEagle3" in config.get("architectures", []) or any(
         key.startswith("midlayer.") for key in state) else 1
-    for option, what in UNSUPPORTED.items():
-        if config.get(option):
-            raise ValueError(f"This draft uses {option} ({what}), which hf-spec does not run yet.")
+    norms = _norms(config, speculators)
     llama = LlamaConfig(num_hidden_layers=1, **{key: layer_config[key] for key in CONFIG_KEYS
                                                 if layer_config.get(key) is not None})
     if layer_config.get("num_hidden_layers", 1) != 1:
@@ -114,10 +112,22 @@ def eagle_from_state_dict(state: dict[str, torch.Tensor], config: dict, target) 
     fc_bias = False if version == 3 else bool(config.get("bias", True))
     draft = EagleDraft(llama, version, feature_size, fc_bias=fc_bias, qkv_bias=bool(config.get("qkv_bias", False)),
                        own_embedding=own_embedding, token_map=token_map, aux_layers=aux_layers,
-                       sliding_window=sliding_window(layer_config))
+                       sliding_window=sliding_window(layer_config), norms=norms)
     _check_keys_and_shapes(draft, state, version, _to_speculators if speculators else str)
     draft.load_state_dict(state, strict=True)
     return draft.to(device=execution_device(target), dtype=target.dtype).eval()
+
+
+def _norms(config: dict, speculators: str | None) -> Eagle3Norms:
+    """speculators' EAGLE-3 variants, read where speculators writes them; in other layouts the same names are not
+    speculators' (SpecForge's ``norm_output`` means the final norm before lm_head), so a set one is refused."""
+    if speculators:
+        return Eagle3Norms(**{name: bool(config.get(name)) for name in Eagle3Norms.names()})
+    named = [name for name in Eagle3Norms.names() if config.get(name)]
+    if named:
+        raise ValueError(f"This draft's config sets {', '.join(named)}, which hf-spec reads in vLLM's speculators "
+                         "layout (speculators_model_type: eagle3) only, as speculators defines them.")
+    return Eagle3Norms()
 
 
 LAYOUTS = ("eagle3", "speculators")
@@ -137,6 +147,9 @@ def save_eagle_draft(draft: EagleDraft, folder: str | os.PathLike, layout: str =
         raise ValueError("save_eagle_draft writes EAGLE-3 drafts; this one is EAGLE-1/2.")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}.")
+    if layout == "eagle3" and draft.norms.any():
+        raise ValueError(f"This draft is a speculators variant ({draft.norms}), which only speculators' layout holds: "
+                         "save it with layout='speculators'.")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     layer = {key: value for key, value in draft.config.to_dict().items() if key in CONFIG_KEYS}
@@ -161,7 +174,8 @@ def save_eagle_draft(draft: EagleDraft, folder: str | os.PathLike, layout: str =
                   "transformer_layer_config": {**layer, "model_type": "llama", "num_hidden_layers": 1,
                                                "attention_bias": False, "mlp_bias": False},
                   "draft_vocab_size": draft.token_map.size if draft.token_map else layer["vocab_size"],
-                  "norm_before_residual": False, "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": aux,
+                  **{name: getattr(draft.norms, name) for name in Eagle3Norms.names()},
+                  "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": aux,
                   "speculators_config": {
                       "algorithm": "eagle3",
                       "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
