@@ -1,4 +1,6 @@
 """Batches: left-padded rows of different lengths, each accepting its own run and finishing on its own."""
+import math
+
 import pytest
 import torch
 
@@ -23,13 +25,23 @@ def plain(target, inputs, **kwargs):
 @pytest.mark.parametrize("batch", [1, 2, 5], indirect=True)
 @pytest.mark.parametrize("kind", ["always", "never", "partly"])
 def test_draft_batches_equal_plain_generate_row_by_row(target, drafts, batch, kind):
+    """Equal output, and each row's statistics prove its own proposals were used: an always-right draft makes a
+    row's N tokens in ceil(N / 4) steps of 3 proposals, a never-right one has nothing accepted (N steps)."""
     expected = plain(target, batch)
     out = plain(target, batch, strategy="draft", draft_model=drafts[kind], num_speculative_tokens=3)
     assert torch.equal(out, expected)
     stats = hf_spec.last_stats()
-    if len(stats.rows) > 1:
-        assert sum(row.new_tokens for row in stats.rows) == stats.new_tokens
-        assert len(stats.k_per_step) <= NEW_TOKENS
+    rows = stats.rows or [stats]  # one row: the call's own statistics
+    assert len(rows) == batch["input_ids"].shape[0] and sum(row.new_tokens for row in rows) == stats.new_tokens
+    assert len(stats.k_per_step) <= NEW_TOKENS
+    for row in rows:
+        assert row.proposed > 0
+        if kind == "always":
+            assert row.acceptance_rate == 1.0 and row.steps == math.ceil(row.new_tokens / 4)
+        elif kind == "never":
+            assert row.accepted == 0 and row.steps == row.new_tokens
+    if kind == "partly":
+        assert 0 < stats.accepted < stats.proposed
 
 
 def test_rows_accept_different_runs(target, drafts, tokenizer):
