@@ -26,7 +26,15 @@ def test_compare_reports_a_difference():
     assert report.equal == {1: True, 2: False}
 
 
-def test_the_whole_model_check_runs_on_a_tiny_bf16_model():
-    equal = model_logits_equal(tiny_causal_lm("llama", seed=0, dtype=torch.bfloat16), context=6, ks=[1, 4])
+def test_the_whole_model_check_runs_on_a_tiny_bf16_model_and_tells_a_block_that_differs():
+    model = tiny_causal_lm("llama", seed=0, dtype=torch.bfloat16)
+    equal = model_logits_equal(model, context=6, ks=[1, 4])
     assert equal[1] is True  # one token is one decode step
     assert set(equal) == {1, 4}
+    # logits that move by a few bf16 steps wherever a forward holds several tokens: a block of 4 differs from its 4
+    # one-token steps, a block of 1 does not, and the check must say exactly that
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: out + (out.shape[1] > 1) * 2 ** -4)
+    try:
+        assert model_logits_equal(model, context=6, ks=[1, 4]) == {1: True, 4: False}
+    finally:
+        hook.remove()
