@@ -111,6 +111,8 @@ def test_mode_names():
     assert mode_names(["vanilla", "eagle"], [3]) == ["vanilla", "vanilla-again", "eagle"]
     assert mode_names(["vanilla", "hf-lookup", "lookup", "draft+lookup", "auto+lookup"], [3]) == [
         "vanilla", "vanilla-again", "hf-lookup", "lookup", "draft+lookup@3", "auto+lookup"]
+    assert mode_names(["vanilla", "draft-tree", "auto-tree", "default"], [3], tree_nodes=[8, 12]) == [
+        "vanilla", "vanilla-again", "draft-tree@8", "draft-tree@12", "auto-tree", "default"]
     with pytest.raises(ValueError, match="Unknown mode 'lookahead'"):
         mode_names(["vanilla", "lookahead"], [3])
 
@@ -153,6 +155,26 @@ def test_chain_and_parallel_rows_with_one_draft(tmp_path):
     assert overall["parallel@4"]["predicted_speedup"] > 0 and overall["draft@4"]["predicted_speedup"] > 0
     assert {"1", "2", "4", "8"} <= set(report["costs"]["draft"])
     assert "parallel@2" in report["settings"]["modes"]
+
+
+def test_draft_tree_and_default_rows(tmp_path):
+    """draft-tree@n runs the draft's dynamic tree at n nodes (its prediction from the calibration at width n + 1),
+    auto-tree its "auto" node count, default the draft named by its path with no other keyword; all equal to
+    vanilla."""
+    target = tiny_causal_lm(hidden_size=64, num_layers=2)
+    draft = perturbed_draft(target, 0.1)
+    draft.save_pretrained(tmp_path / "draft")
+    contenders = Contenders(target, draft, draft_path=str(tmp_path / "draft"), draft_tree={"tree_top_k": 2})
+    run_bench(contenders, char_tokenizer(), prompts=load_prompts(per_category=1, limit=2),
+              modes=["vanilla", "draft-tree", "auto-tree", "default"], ks=[2], tree_nodes=[6], max_new_tokens=12,
+              progress=False, warmup=0, print_fn=lambda *_: None, json_path=tmp_path / "bench.json")
+    report = json.loads((tmp_path / "bench.json").read_text())
+    overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
+    assert set(overall) == {"vanilla", "vanilla-again", "draft-tree@6", "auto-tree", "default"}
+    assert all(row["equal_to_vanilla"] == 1.0 for row in overall.values())
+    assert overall["draft-tree@6"]["predicted_speedup"] > 0 and "7" in report["costs"]["verify"]
+    forms = {run["mode"]: run["stats"]["choices"]["draft form"] for run in report["runs"] if run["stats"]}
+    assert "a dynamic tree (5 levels, 2 wide)" in forms["draft-tree@6"] and "tree" not in forms["default"]
 
 
 def test_lookup_modes_end_to_end(tmp_path):

@@ -20,12 +20,13 @@ from .run import Contenders, mode_names, run_modes
 
 def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_tokens=64, repeats=1,
               do_sample=False, temperature=1.0, calibrate_costs=True, progress=True, print_fn=print,
-              json_path=None, plot_path=None, encoded=None, alphas=None, batch_size=1, warmup=1) -> list[dict]:
+              json_path=None, plot_path=None, encoded=None, alphas=None, batch_size=1, warmup=1,
+              tree_nodes=(8,)) -> list[dict]:
     """Run and report. ``encoded``: the prompts' model inputs (default: chat-encoded with ``tokenizer``);
     ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only); ``batch_size``: prompts per
     generate() call, left-padded (tokens/s then counts every row's tokens); ``warmup``: prompts every mode
     runs untimed first."""
-    names = mode_names(modes, ks, alphas)
+    names = mode_names(modes, ks, alphas, tree_nodes)
     encoded = encoded or [encode(tokenizer, p.text) for p in prompts]
     tree_nodes = check_contenders(contenders, names, batch_size)
     pad_token_id = None
@@ -38,7 +39,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         generation_kwargs["temperature"] = temperature
     prompt_length = round(statistics.mean(inputs["input_ids"].shape[1] for inputs in encoded))
     costs = None
-    if calibrate_costs and any(name.startswith(("draft@", "parallel@", "medusa", "eagle")) for name in names):
+    if calibrate_costs and any(name.startswith(("draft@", "draft-tree@", "parallel@", "medusa", "eagle"))
+                               for name in names):
         widths = [k + 1 for k in ks] + [nodes + 1 for nodes in tree_nodes.values()]
         # a parallel draft's forward at k: the k - 1 masks and 1 to k + 1 tokens it lacks (interpolated between)
         parallel = [w for k in ks for w in (k, 2 * k)] if any(n.startswith("parallel@") for n in names) else []
@@ -79,16 +81,18 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
 def check_contenders(contenders: Contenders, names: list[str], batch_size: int) -> dict[str, int]:
     """Refuse modes the models given cannot run (ValueError); the nodes verified per step by each tree mode that
     verifies a fixed number, by family: "medusa" with a fixed tree, "eagle" with a number of nodes (an
-    acceptance-controlled eagle~alpha row always)."""
+    acceptance-controlled eagle~alpha row always), and each draft-tree@n row."""
     if batch_size > 1 and any(n.startswith("assisted@") for n in names):
         raise ValueError("transformers' assisted generation takes one row at a time: drop the assisted mode "
                          "for --batch-size > 1.")
     if any(n.startswith(("assisted@", "draft", "parallel@", "auto", "stepwise")) for n in names) and \
             contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
+    if "default" in names and contenders.draft_path is None:
+        raise ValueError("The default mode names the draft by its path (Contenders.draft_path, --draft).")
     if any(n.startswith("draft-full@") for n in names) and contenders.full_draft is None:
         raise ValueError("The draft-full mode needs the draft in full precision (Contenders.full_draft).")
-    nodes = {}
+    nodes = {name: int(name.split("@")[1]) for name in names if name.startswith("draft-tree@")}
     if any(n.startswith("eagle") for n in names):
         if contenders.eagle_model is None:
             raise ValueError("The eagle mode needs an EAGLE draft (--eagle-model).")

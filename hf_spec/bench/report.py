@@ -66,13 +66,13 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
 
 def _predicted(mode, costs, stats, survival, tokens_per_step, new_tokens, tree_nodes: dict[str, int]) -> float | None:
     """The cost model's speedup for a fixed k (draft@k; parallel@k, one draft forward a step) or a fixed tree (medusa,
-    eagle: the proposer's measured time per step is its H); None for the rest (the calibration times the draft modes'
+    eagle, draft-tree@n: the proposer's measured time per step is its H); None for the rest (the calibration times the draft modes'
     draft, not the full-precision one of draft-full@k)."""
-    if costs is None or not mode.startswith(("draft@", "parallel@", "medusa", "eagle")):
+    if costs is None or not mode.startswith(("draft@", "draft-tree@", "parallel@", "medusa", "eagle")):
         return None
     if mode.startswith(("draft@", "parallel@")):
         return predicted_speedup(costs, survival, new_tokens, parallel=mode.startswith("parallel@"))
-    nodes = tree_nodes.get(mode.split("~")[0])
+    nodes = tree_nodes.get(mode if mode.startswith("draft-tree@") else mode.split("~")[0])
     steps = sum(s["steps"] for s in stats)
     if not nodes or not steps:
         return None

@@ -3,7 +3,9 @@
 Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
 itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
 ``draft@k`` (the draft as a chain: ``parallel_draft=False``, in the form the draft modes share: by default what
-``draft_quantization="auto"`` and ``draft_vocab_size="auto"`` choose), ``draft-full@k`` (the same draft in full
+``draft_quantization="auto"`` and ``draft_vocab_size="auto"`` choose), ``draft-tree@n`` (the draft's dynamic tree,
+n nodes verified a step: ``tree="dynamic"``) and ``auto-tree`` (its "auto" node count), ``default`` (nothing but
+``strategy="draft"`` and the draft's path: what a user who passes no other keyword gets), ``draft-full@k`` (the same draft in full
 precision with its whole vocabulary), ``parallel@k`` (the same draft proposing k tokens from
 one forward: ``parallel_draft=True``, a draft with ``pard_token``), ``auto`` and ``stepwise``
 (num_speculative_tokens="auto" / "stepwise"; a parallel draft proposes in parallel), ``medusa`` and ``eagle``;
@@ -24,8 +26,8 @@ from ..engine.stats import last_stats
 from ..prompts import Prompt
 from .near_tie import first_differences
 
-MODES = ("vanilla", "assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "medusa", "eagle", "hf-lookup",
-         "lookup", "draft+lookup", "auto+lookup")  # what --modes takes (``mode_names``)
+MODES = ("vanilla", "assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft-tree", "auto-tree",
+         "default", "medusa", "eagle", "hf-lookup", "lookup", "draft+lookup", "auto+lookup")  # what --modes takes
 HF_LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens (and the default of strategy="prompt_lookup")
 
 
@@ -45,6 +47,8 @@ class Contenders:
     eagle_tree: object = "dynamic"  # the eagle row's tree: "dynamic" or a static tree's paths (train-eagle's tree.json)
     eagle_vocab_size: int | None = None  # the eagle row's draft_vocab_size (an EAGLE-1/2 draft's scored target ids)
     eagle_form: str | None = None  # what the eagle row's draft scores, and why (printed, kept in the JSON)
+    draft_path: str | None = None  # the draft as a user names it (row default)
+    draft_tree: dict = field(default_factory=dict)  # the draft tree rows' tree_depth / tree_top_k, where set
     medusa_vocab_size: int | None = None  # the medusa row's draft_vocab_size (the target ids its heads score)
     medusa_form: str | None = None  # what the medusa row's heads score, and why (printed, kept in the JSON)
 
@@ -62,9 +66,11 @@ class Run:
     differences: list[dict] = field(default_factory=list)  # greedy: each row's first difference from vanilla
 
 
-def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None) -> list[str]:
+def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None,
+               tree_nodes: list[int] = (8,)) -> list[str]:
     """e.g. (["vanilla", "draft"], [3]) -> vanilla, vanilla-again, draft@3; with alphas [0.8] the proposals'
-    acceptance is controlled (synthetic bench): draft@3~0.8, auto~0.8, eagle~0.8, medusa~0.8."""
+    acceptance is controlled (synthetic bench): draft@3~0.8, auto~0.8, eagle~0.8, medusa~0.8; "draft-tree" takes
+    ``tree_nodes``: draft-tree@8."""
     names = []
     for mode in modes:
         if mode == "vanilla":
@@ -75,7 +81,10 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += [f"{mode}~{alpha}" for alpha in alphas]
         elif mode in ("assisted", "draft", "draft-full", "parallel", "draft+lookup"):
             names += [f"{mode}@{k}" for k in ks]
-        elif mode in ("medusa", "eagle", "auto", "stepwise", "hf-lookup", "lookup", "auto+lookup"):
+        elif mode == "draft-tree":
+            names += [f"draft-tree@{n}" for n in tree_nodes]
+        elif mode in ("medusa", "eagle", "auto", "stepwise", "auto-tree", "default", "hf-lookup", "lookup",
+                      "auto+lookup"):
             names.append(mode)
         else:
             raise ValueError(f"Unknown mode {mode!r}: choose from {', '.join(MODES)}.")
@@ -112,6 +121,12 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     elif mode.startswith("draft-full@"):
         kwargs.update(strategy="draft", draft_model=contenders.full_draft, num_speculative_tokens=int(mode.split("@")[1]),
                       draft_vocab_size=None, parallel_draft=False)
+    elif mode.startswith("draft-tree@") or mode == "auto-tree":
+        kwargs.update(strategy="draft", draft_model=contenders.draft, draft_vocab_size=contenders.draft_vocab_size,
+                      tree="dynamic", num_speculative_tokens=int(mode.split("@")[1]) if "@" in mode else "auto",
+                      **contenders.draft_tree)
+    elif mode == "default":
+        kwargs.update(strategy="draft", draft_model=contenders.draft_path)
     elif mode.startswith(("draft@", "parallel@")):
         kwargs.update(strategy="draft", draft_model=contenders.draft, num_speculative_tokens=int(mode.split("@")[1]),
                       draft_vocab_size=contenders.draft_vocab_size, parallel_draft=mode.startswith("parallel@"))
@@ -128,7 +143,7 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
     out = contenders.target.generate(**kwargs)
     seconds = time.perf_counter() - start
     stats = last_stats().to_dict() if mode.startswith(("draft", "parallel", "medusa", "eagle", "auto", "stepwise",
-                                                       "lookup")) \
+                                                       "lookup", "default")) \
         else None
     return (out.sequences, seconds, stats, out.scores) if keep_scores else (out, seconds, stats, None)
 

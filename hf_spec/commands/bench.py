@@ -18,7 +18,8 @@ from ..prompts import load_prompts
 
 NAME = "bench"
 HELP = "tokens/s against plain generate() and assisted generation"
-DRAFT_MODES = ("assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft+lookup", "auto+lookup")
+DRAFT_MODES = ("assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft-tree", "auto-tree", "default",
+               "draft+lookup", "auto+lookup")
 SYNTHETIC_MODES = ("vanilla", "draft", "auto", "eagle", "medusa")  # what --synthetic builds random models for
 
 
@@ -118,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "draft in full precision, parallel@k a parallel draft (pard_token in its config) "
                              "proposing k tokens from one forward")
     parser.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
+    parser.add_argument("--tree-nodes", type=k_list, default="8,16",
+                        help="the draft-tree mode's nodes verified per step, comma-separated: rows draft-tree@n")
+    parser.add_argument("--tree-depth", type=positive_int, help="the draft tree modes' tree_depth (default: generate's)")
+    parser.add_argument("--tree-top-k", type=positive_int, help="the draft tree modes' tree_top_k (default: generate's)")
     parser.add_argument("--questions", action=path_action(input_file),
                         help="prompts jsonl or text file (default: the Spec-Bench questions shipped with hf-spec)")
     parser.add_argument("--per-category", type=positive_int, help="the first N questions of each category")
@@ -298,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
     rows = run_bench(load_contenders(args), tokenizer, prompts=prompts, modes=args.modes, ks=args.k,
                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, do_sample=args.do_sample,
                      temperature=args.temperature, json_path=args.json, plot_path=args.plot,
-                     batch_size=args.batch_size, warmup=args.warmup)
+                     batch_size=args.batch_size, warmup=args.warmup, tree_nodes=args.tree_nodes)
     return 0 if all(r["other_differences"] == 0 for r in rows) else 1
 
 
@@ -330,6 +335,9 @@ def load_contenders(args: argparse.Namespace):
         draft = resolve_draft_and_tokenizers(args.draft, target, draft_quantization=quantization)
         contenders.draft_vocab_size, vocabulary = vocab_choice(draft, args.draft_vocab_size)
         contenders.draft, contenders.draft_form = draft.model, f"{draft.weights}; {vocabulary}"
+        contenders.draft_path = args.draft
+        contenders.draft_tree = {name: value for name, value in (("tree_depth", args.tree_depth),
+                                                                 ("tree_top_k", args.tree_top_k)) if value}
     if "draft-full" in args.modes:
         contenders.full_draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=args.dtype).eval()
     return contenders
