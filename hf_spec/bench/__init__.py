@@ -21,11 +21,15 @@ from .run import Contenders, mode_names, run_modes
 def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_tokens=64, repeats=1,
               do_sample=False, temperature=1.0, calibrate_costs=True, progress=True, print_fn=print,
               json_path=None, plot_path=None, encoded=None, alphas=None, batch_size=1, warmup=1,
-              tree_nodes=(8,)) -> list[dict]:
+              tree_nodes=(8,), ranks_path=None) -> list[dict]:
     """Run and report. ``encoded``: the prompts' model inputs (default: chat-encoded with ``tokenizer``);
     ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only); ``batch_size``: prompts per
     generate() call, left-padded (tokens/s then counts every row's tokens); ``warmup``: prompts every mode
-    runs untimed first."""
+    runs untimed first; ``ranks_path``: where to write the draft's rank of each of vanilla's tokens, teacher-forced,
+    with the calibrated costs (``hf_spec.bench.ranks``: what ``hf-spec simulate --ranks`` reads)."""
+    if ranks_path and (do_sample or batch_size > 1 or contenders.draft is None):
+        raise ValueError("--ranks records the draft's ranks of the target's greedy tokens: one prompt a call, greedy, "
+                         "with a draft (--draft).")
     names = mode_names(modes, ks, alphas, tree_nodes)
     encoded = encoded or [encode(tokenizer, p.text) for p in prompts]
     tree_nodes = check_contenders(contenders, names, batch_size)
@@ -51,8 +55,15 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         references = [contenders.target.generate(**inputs, **generation_kwargs) for inputs in encoded]
     if pad_token_id is not None:
         generation_kwargs["pad_token_id"] = pad_token_id
+    vanilla_outputs = [] if ranks_path else None
     runs = run_modes(contenders, prompts, encoded, names, generation_kwargs, repeats, progress, references,
-                     pad_token_id, warmup)
+                     pad_token_id, warmup, vanilla_outputs)
+    if ranks_path:
+        from .ranks import draft_ranks, write_ranks
+
+        ranks = [draft_ranks(contenders.draft, out, inputs["input_ids"].shape[1], draft_head(contenders))
+                 for out, inputs in zip(vanilla_outputs, encoded)]
+        write_ranks(ranks_path, [p.question_id for p in prompts], ranks, costs)
     rows = summarize(runs, costs, max_new_tokens, tree_nodes)
     batches = f" in batches of {batch_size}" if batch_size > 1 else ""
     print_fn(f"{len(prompts)} {'batches' if batch_size > 1 else 'prompts'}{batches} x {repeats} repeats, "

@@ -181,13 +181,14 @@ def new_token_count(out: torch.LongTensor, inputs: dict, pad_token_id: int | Non
 
 def run_modes(contenders: Contenders, prompts: list[Prompt], encoded: list[dict], modes: list[str],
               generation_kwargs: dict, repeats: int = 1, progress: bool = True, references=None,
-              pad_token_id: int | None = None, warmup: int = 1) -> list[Run]:
+              pad_token_id: int | None = None, warmup: int = 1, vanilla_outputs: list | None = None) -> list[Run]:
     """All modes on all prompts; the mode order rotates from prompt to prompt so that none is always first.
 
     encoded: the model inputs of each prompt (or batch of prompts); references: each prompt's greedy output
     (controlled modes); pad_token_id: what pads a batch's rows that finished early; warmup: every mode first
     runs on this many prompts untimed (first calls of each shape, and what "auto" learns on a first call, as
-    a long-running process has it)."""
+    a long-running process has it); vanilla_outputs: where given, gains each prompt's plain output (the first
+    repeat's)."""
     greedy = not generation_kwargs.get("do_sample", False)
     for index in range(min(warmup, len(prompts))):
         for mode in modes:
@@ -209,6 +210,8 @@ def run_modes(contenders: Contenders, prompts: list[Prompt], encoded: list[dict]
                 runs.append(Run(mode, prompt.question_id, prompt.category, repeat,
                                 new_token_count(out, inputs, pad_token_id), seconds, None, stats))
                 bar.update()
+            if vanilla_outputs is not None and repeat == 0:
+                vanilla_outputs.append(outputs["vanilla"])
             for run in runs[-len(modes):]:
                 run.equal_to_vanilla = torch.equal(outputs[run.mode], outputs["vanilla"]) if greedy else None
                 if run.equal_to_vanilla is False:

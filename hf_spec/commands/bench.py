@@ -145,6 +145,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="--synthetic: where to build the models (e.g. cuda)")
     parser.add_argument("--prompt-length", type=positive_int, default=128, help="--synthetic: random prompt length")
     parser.add_argument("--json", action=path_action(output_file), help="write rows, runs and costs to this file")
+    parser.add_argument("--ranks", action=path_action(output_file),
+                        help="write the draft's rank of each of vanilla's tokens (teacher-forced) and the costs to this "
+                             "file, for hf-spec simulate --ranks")
     parser.add_argument("--plot", action=path_action(output_file),
                         help="save speedup and acceptance against k to this PNG")
 
@@ -303,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
     rows = run_bench(load_contenders(args), tokenizer, prompts=prompts, modes=args.modes, ks=args.k,
                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, do_sample=args.do_sample,
                      temperature=args.temperature, json_path=args.json, plot_path=args.plot,
-                     batch_size=args.batch_size, warmup=args.warmup, tree_nodes=args.tree_nodes)
+                     batch_size=args.batch_size, warmup=args.warmup, tree_nodes=args.tree_nodes,
+                     ranks_path=args.ranks)
     return 0 if all(r["other_differences"] == 0 for r in rows) else 1
 
 
