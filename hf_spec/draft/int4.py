@@ -9,8 +9,8 @@ int4 all of it costs about what 32,768 of its rows cost in bf16, without the sub
 A vocabulary subset (``draft_vocab_size``) restricts the int4 output layer to its rows (``restricted_to``). The
 proposals change a little, the output does not: the target verifies every token.
 
-The kernel is a matrix-vector one: its time is flat up to tens of rows, then grows with them, so a prompt of
-hundreds of tokens would cost several passes over the weight. An input of ``DEQUANTIZE_FROM_ROWS`` rows or more runs
+The kernel is a matrix-vector one: its time grows with the rows it is given, so a prompt of hundreds of tokens
+would cost several passes over the weight. An input of ``DEQUANTIZE_FROM_ROWS`` rows or more runs
 instead as one ordinary matmul with the weight dequantized for it; a draft step (1 to 16 tokens) stays on the kernel.
 
 The kernel's limits are checked at the door, not assumed: a layer is quantized only where its input width is a
@@ -31,8 +31,9 @@ INT4_WEIGHT_ONLY = "int4_weight_only"
 GROUP_SIZE = 32  # input entries per scale and zero. Measured on the 0.5B Qwen draft (bf16, tools/draft_step_profile.py
 # --study groups): its top choice equals the bf16 draft's on 85% of 2,048 tokens of text in groups of 32, 82% in 64,
 # 76% in 128, for a kernel about 5% slower than in 128 (the scales' bytes)
-DEQUANTIZE_FROM_ROWS = 64  # measured on a 2-core EPYC (bf16, the 0.5B's widths): the kernel's time is flat below,
-# and one dequantized matmul costs less from here on
+DEQUANTIZE_FROM_ROWS = 64  # measured on a 2-core EPYC (bf16, groups of 32, the 0.5B's widths, tools/
+# draft_step_profile.py --study threshold): the kernel's time grows with the rows (a 896 x 4,864 layer: 0.8 ms at 8,
+# 6.6 at 64, 13 at 128), the dequantized matmul's from a pass over the weight (4.5 ms at 8, 6.7 at 64, 9.4 at 128)
 ROW_BLOCK = 16  # the kernel's output rows come in multiples of this
 _PACK_BLOCK = 64  # the CPU packing stores rows in blocks of 64: see _unpack
 _INNER_K_TILES = 2  # the packing's argument; the CPU layout does not depend on it
@@ -159,7 +160,8 @@ class Int4WeightOnlyLinear(nn.Module):
             tail = flat[whole * k // 2:].view(k, (n - whole) // 2)
             parts.append(torch.stack([tail & 15, tail >> 4], dim=-1).view(k, n - whole))
         values = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # [k, n]
-        scales = self.scales_and_zeros[..., 0].to(dtype)  # [k / group, n]
+        scales = self.scales_and_zeros[..., 0].to(dtype).contiguous()  # [k / group, n] (strided, the multiply-add
+        # below takes 3x as long)
         offsets = self.scales_and_zeros[..., 1].to(dtype) - 8 * scales
         groups = values.view(k // self.group_size, self.group_size, n).to(dtype)
         return torch.addcmul(offsets[:, None], groups, scales[:, None]).view(k, n)
