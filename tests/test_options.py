@@ -80,7 +80,8 @@ def test_docs_list_every_option_with_its_status():
 def test_inactive_values():
     assert is_inactive("num_beams", 1) and not is_inactive("num_beams", 2)
     assert is_inactive("guidance_scale", 1.0) and not is_inactive("guidance_scale", 1.5)
-    assert is_inactive("cache_implementation", "dynamic") and not is_inactive("cache_implementation", "static")
+    assert is_inactive("cache_implementation", "dynamic") and is_inactive("cache_implementation", "static")
+    assert not is_inactive("cache_implementation", "offloaded")
     assert is_inactive("num_assistant_tokens", 20)  # the global default generate() fills in
     assert is_inactive("low_memory", False) and not is_inactive("low_memory", True)
     assert not is_inactive("position_ids", torch.zeros(1, 3)) and not is_inactive("constraints", [[5]])
@@ -103,7 +104,7 @@ def _refused_cases(model, prompt):
         "num_beam_groups": {"num_beam_groups": 2},
         "diversity_penalty": {"diversity_penalty": 0.5},
         "num_return_sequences": {"num_return_sequences": 2, "do_sample": True},
-        "cache_implementation": {"cache_implementation": "static"},
+        "cache_implementation": {"cache_implementation": "offloaded"},
         "token_healing": {"token_healing": True},
         "guidance_scale": {"guidance_scale": 1.5},
         "watermarking_config": {"watermarking_config": WatermarkingConfig()},

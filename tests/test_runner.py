@@ -205,9 +205,11 @@ def test_check_rollback_refuses_a_sliding_window_layer(target):
     assert "Drop `cache_implementation`" in message
 
 
-def test_check_rollback_refuses_a_static_cache(target):
+def test_check_rollback_takes_a_static_cache_but_not_a_sliding_one(target):
+    check_rollback_supported(cache_utils.StaticCache(config=target.config, max_cache_len=16), "strategy='medusa'")
     cache = cache_utils.StaticCache(config=target.config, max_cache_len=16)
-    with pytest.raises(ValueError, match=r"Got StaticCache .*Drop `cache_implementation`"):
+    cache.layers[-1] = cache_utils.StaticSlidingWindowLayer(max_cache_len=16, sliding_window=4)
+    with pytest.raises(ValueError, match=r"Got StaticCache \(StaticLayer, StaticSlidingWindowLayer\)"):
         check_rollback_supported(cache, "strategy='medusa'")
 
 

@@ -144,7 +144,7 @@ def tree_generate(call: DecodingCall, draft: ResolvedDraft, draft_vocab_size: in
 
     schedule = TREE_LENGTH.schedule(num_speculative_tokens, auto, fixed=None if paths is None else len(paths))
     proposer = DraftTreeProposer(draft.model, call.padding_mask, call.batch_size, token_map, tree_depth, tree_top_k,
-                                 confidence, paths)
+                                 confidence, paths, call.cache_capacity)
     shape = "a static tree" if paths is not None else f"a dynamic tree ({tree_depth} levels, {tree_top_k} wide)"
     return speculative_generate(call, proposer, schedule, Acceptance(call.do_sample, tree_rules=verifier), verifier,
                                 choices={"draft form": f"{form}; {shape}"})
@@ -181,7 +181,7 @@ def draft_proposer(draft: ResolvedDraft, call: DecodingCall, draft_vocab_size: i
     if draft.tokenizers is None:
         token_map = draft_token_map(draft_vocab_size, draft.model, call.input_ids, call.generation_config)
         proposer = ParallelDraftProposer if parallel else DraftModelProposer
-        return proposer(draft.model, call.padding_mask, call.batch_size, token_map)
+        return proposer(draft.model, call.padding_mask, call.batch_size, token_map, call.cache_capacity)
     if draft_vocab_size is not None:
         raise ValueError("draft_vocab_size restricts a draft to target ids, so it needs a draft with the target's "
                          "tokenizer; drop draft_vocab_size= for a draft with another tokenizer.")

@@ -26,9 +26,10 @@ class DraftModelProposer:
     hidden_layers = ()
 
     def __init__(self, draft, padding_mask: torch.Tensor | None, batch_size: int = 1,
-                 token_map: TokenMap | None = None):
+                 token_map: TokenMap | None = None, cache_capacity: int | None = None):
         head = None if token_map is None else token_map.head_of(draft)
-        self.draft = CachedModel(draft, new_cache(draft), batch_size, head=head)
+        # beside a target on a static cache, the draft's is static too (``cache_capacity`` slots)
+        self.draft = CachedModel(draft, new_cache(draft, cache_capacity), batch_size, head=head)
         self.pads = [0] * batch_size if padding_mask is None else (padding_mask == 0).sum(1).tolist()
         self.covered = [0] * batch_size  # committed tokens of each row the cache holds (left padding included)
         self._pending = None  # what the last proposal fed: (block start, catch-up width and counts, lengths, k)

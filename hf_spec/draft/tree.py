@@ -36,8 +36,13 @@ class DraftTreeProposer(DraftModelProposer):
 
     def __init__(self, draft, padding_mask: torch.Tensor | None, batch_size: int = 1,
                  token_map: TokenMap | None = None, tree_depth: int = 5, tree_top_k: int = 8,
-                 confidence: TreeConfidence | None = None, static_tree: list[tuple[int, ...]] | None = None):
-        super().__init__(draft, padding_mask, batch_size, token_map)
+                 confidence: TreeConfidence | None = None, static_tree: list[tuple[int, ...]] | None = None,
+                 cache_capacity: int | None = None):
+        # on a static cache: the committed tokens' slots and the tree's entries, at most tree_depth x tree_top_k
+        # (a static tree's nodes with children)
+        entries = len(static_tree) if static_tree is not None else tree_depth * tree_top_k
+        super().__init__(draft, padding_mask, batch_size, token_map,
+                         None if cache_capacity is None else cache_capacity + entries)
         self.depth, self.top_k, self.confidence = tree_depth, tree_top_k, confidence
         self.static_tree = static_tree
         self._static_buffers: dict[int, TreeBuffers] = {}

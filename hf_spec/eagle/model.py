@@ -25,7 +25,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from ..engine.cache import cache_kwargs
+from ..engine.cache import cache_kwargs, static_capacity
 from ..token_map import TokenMap
 
 
@@ -159,6 +159,9 @@ class EagleDraft(nn.Module):
             residual = normed if self.norms.norm_before_residual else x
         if self.rotary_emb.inv_freq.dtype != torch.float32:  # .to(bfloat16) rounded the rotary frequencies
             self.rotary_emb.inv_freq = self._inv_freq.to(x.device)
+        capacity = static_capacity(cache)
+        if capacity is not None:  # a static cache's every slot: those past the block hold rejected entries
+            attention = torch.nn.functional.pad(attention, (0, capacity - attention.shape[-1]), value=False)
         bias = torch.zeros(attention.shape, dtype=x.dtype, device=x.device)
         bias.masked_fill_(~attention, torch.finfo(x.dtype).min)
         attended, _ = layer.self_attn(hidden_states=attention_input,

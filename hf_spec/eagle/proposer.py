@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList
+from transformers import LogitsProcessorList
 
-from ..engine.cache import rollback
+from ..engine.cache import new_cache, rollback
 from ..engine.dynamic_tree import TreeConfidence, best_trees, grow_dynamic, grow_static
 from ..engine.proposer import Proposal
 from ..engine.timing import elapsed
@@ -36,7 +36,7 @@ class EagleProposer:
 
     def __init__(self, draft: EagleDraft, target, padding_mask: torch.Tensor | None, batch_size: int = 1,
                  tree_depth: int = 5, tree_top_k: int = 8, confidence: TreeConfidence | None = None,
-                 static_tree: list[tuple[int, ...]] | None = None, head=None):
+                 static_tree: list[tuple[int, ...]] | None = None, head=None, cache_capacity: int | None = None):
         self.draft, self.depth, self.top_k = draft, tree_depth, tree_top_k
         self.static_tree = static_tree  # paths of draft ranks (as Medusa's trees), instead of the dynamic tree
         self._static_buffers: dict[int, TreeBuffers] = {}
@@ -46,7 +46,9 @@ class EagleProposer:
         self.hidden_layers = draft.hidden_layers
         self.embedding = target.get_input_embeddings()
         self.head = target.get_output_embeddings() if head is None else head  # scores EAGLE-1/2 proposals
-        self.cache = DynamicCache(config=draft.config)
+        # beside a target on a static cache, a static one: an entry per committed token and the tree's entries
+        entries = len(static_tree) if static_tree else tree_depth * tree_top_k
+        self.cache = new_cache(draft, None if cache_capacity is None else cache_capacity + entries)
         self.device = next(draft.parameters()).device
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [batch, cached entries]
         self.pads = [0] * batch_size if padding_mask is None else (padding_mask == 0).sum(1).tolist()
@@ -70,7 +72,7 @@ class EagleProposer:
                 self._catch_up(rows)
             if self.last is None:  # a row had nothing to feed yet
                 return Proposal(tokens=rows[0].new_empty(len(rows), 0))
-            committed = self.cache.get_seq_length()
+            committed = int(self.cache.get_seq_length())
             if self.static_tree is not None:  # its own depth, as far as max_length allows
                 proposal = self._static_proposal(max_depth)
             else:

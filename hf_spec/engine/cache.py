@@ -5,6 +5,11 @@ states of a prefix of the committed sequence. Rolling back after a verification 
 operation: for a chain the accepted proposals are a prefix of what was fed, so :func:`rollback` crops;
 for a tree the accepted path is scattered over the block, so :func:`keep_path` gathers it into
 contiguous positions first, then crops.
+
+Two kinds of cache roll back: a ``DynamicCache`` (it grows; a crop drops the tail) and a ``StaticCache``
+(``cache_implementation="static"``: preallocated for a fixed number of tokens, what compiled steps need; a crop
+moves its length back, and the next forward overwrites the rejected slots: rollback by position). A model beside a
+target on a static cache gets one too (``new_cache`` with a ``capacity``).
 """
 from __future__ import annotations
 
@@ -13,8 +18,8 @@ import inspect
 
 import torch
 
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from ..verify.backends import compact_layer_torch
 
@@ -40,25 +45,38 @@ def cache_kwargs(model, cache: Cache) -> dict:
     return {_cache_keyword(type(model)): cache}
 
 
-def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+def new_cache(model, capacity: int | None = None) -> Cache:
+    """A DynamicCache for ``model``, or with ``capacity`` a StaticCache of that many tokens."""
+    if capacity is None:
+        return DynamicCache(config=model.config)
+    return StaticCache(config=model.config, max_cache_len=capacity)
+
+
+def static_capacity(cache: Cache | None) -> int | None:
+    """The tokens a static cache holds (None: a cache that grows, or none)."""
+    if not isinstance(cache, StaticCache):
+        return None
+    return min(layer.max_cache_len for layer in cache.layers)
 
 
 def check_rollback_supported(cache: Cache, who: str) -> None:
-    """Refuse caches whose layers cannot be cropped back to an arbitrary earlier length."""
+    """Refuse caches whose layers cannot be cropped back to an arbitrary earlier length: a DynamicCache or a
+    StaticCache, each with full-attention layers only."""
     layer_types = {type(layer) for layer in getattr(cache, "layers", [])}
-    if not isinstance(cache, DynamicCache) or layer_types - {DynamicLayer}:
+    allowed = {DynamicLayer} if isinstance(cache, DynamicCache) else {StaticLayer} if isinstance(
+        cache, StaticCache) else set()
+    if not allowed or layer_types - allowed:
         names = ", ".join(sorted(t.__name__ for t in layer_types)) or "no layers"
         raise ValueError(
-            f"{who} needs a KV cache that can roll back rejected tokens: a DynamicCache with full-attention "
-            f"layers. Got {type(cache).__name__} ({names}). Drop `cache_implementation` / the cache you passed, "
-            "or use a model without sliding-window or linear-attention layers."
+            f"{who} needs a KV cache that can roll back rejected tokens: a DynamicCache or a StaticCache with "
+            f"full-attention layers. Got {type(cache).__name__} ({names}). Drop `cache_implementation` / the cache "
+            "you passed (or use 'static'), or use a model without sliding-window or linear-attention layers."
         )
 
 
 def rollback(cache: Cache, keep: int) -> None:
     """Crop ``cache`` so that it holds exactly its first ``keep`` tokens (no-op if it holds fewer)."""
-    excess = cache.get_seq_length() - keep
+    excess = int(cache.get_seq_length()) - keep  # a static cache's length is a tensor
     if excess > 0:
         cache.crop(-excess)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StopStringCriteria, StoppingCriteriaList
 
+from .cache import CACHE_KEYS, static_capacity
 from .options import check_options
 from .runner import padding_mask_of
 
@@ -52,6 +53,13 @@ class DecodingCall:
     @property
     def do_sample(self) -> bool:
         return bool(self.generation_config.do_sample)
+
+    @property
+    def cache_capacity(self) -> int | None:
+        """The slots of the static cache generate() prepared (``cache_implementation="static"``) or was given; None
+        for a cache that grows. The models beside the target get static caches too."""
+        return next((static_capacity(self.model_kwargs[key]) for key in CACHE_KEYS if self.model_kwargs.get(key)),
+                    None)
 
 
 def check_supported(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, strategy: str,

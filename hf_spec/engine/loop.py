@@ -54,8 +54,10 @@ class _Decoding:
         self.stats = SpecStats(strategy=proposer.name, batch_size=batch_size)
         self.row_stats = [self.stats] if batch_size == 1 else [SpecStats(strategy=proposer.name)
                                                               for _ in range(batch_size)]
+        self.capacity = call.cache_capacity  # a static cache's slots, or None
         self.cache = take_cache(call.model_kwargs) or new_cache(call.model)
         check_rollback_supported(self.cache, f"strategy={proposer.name!r}")
+        check_capacity(self.capacity, call.generation_config.max_length, f"strategy={proposer.name!r}")
         self.target = CachedModel(call.model, self.cache, batch_size, tree_verifier.compact_layer)
         self.timer = StepTimer(self.stats, self.target.device)
         self.recorder = OutputRecorder(call.generation_config, batch_size)
@@ -126,8 +128,14 @@ class _Decoding:
 
     def propose(self, k: int) -> Proposal:
         longest = max(row.shape[1] for row, done in zip(self.rows, self.finished) if not done)
-        return self.proposer.propose(self.rows, k, self.call.logits_processor, self.call.do_sample,
-                                     max_depth=max(self.call.generation_config.max_length - longest - 1, 0))
+        room = None if self.capacity is None else self.capacity - max(row.shape[1] for row in self.rows)
+        if room is not None:  # a static cache: the block's proposals take the slots after the root's
+            k = min(k, room)
+        proposal = self.proposer.propose(self.rows, k, self.call.logits_processor, self.call.do_sample,
+                                         max_depth=max(self.call.generation_config.max_length - longest - 1, 0))
+        if room is not None:  # a proposer that merges sources (prompt lookup beside a draft) may go past k
+            proposal.keep_first(room)
+        return proposal
 
     def verify(self, proposal: Proposal) -> tuple[int | None, ForwardOutput]:
         """The target's forward over each row's root and proposals -> (the block's first cache index, or None
@@ -213,6 +221,15 @@ class _Decoding:
         _set_last_stats(self.stats)
         cache = self.cache if self.call.batch_size == 1 else None
         return self.recorder.build(_padded(self.rows, self.call.generation_config), cache, self.stats)
+
+
+def check_capacity(capacity: int | None, max_length: int, who: str) -> None:
+    """A static cache must hold every token the call may commit but the last, which no forward takes (as plain
+    generate() sizes it); each step's proposals take the slots left after the root's, fewer near the end."""
+    if capacity is not None and capacity < max_length - 1:
+        raise ValueError(f"{who}: the static cache holds {capacity} tokens, fewer than the prompt plus "
+                         f"max_new_tokens less the last token ({max_length - 1}). Pass a StaticCache with "
+                         f"max_cache_len >= {max_length - 1}, or let cache_implementation='static' size it.")
 
 
 def _padded(rows: list[torch.LongTensor], generation_config) -> torch.LongTensor:

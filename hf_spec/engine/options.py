@@ -52,7 +52,8 @@ _PREPARED_MODEL_KWARGS = {"logits_to_keep", "use_cache", "cache_position", "outp
 # Values that leave an option inactive, besides None and its global default.
 _INACTIVE = {
     "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "guidance_scale": (1,),
-    "cache_implementation": ("dynamic",), "penalty_alpha": (0,), "diversity_penalty": (0,), "low_memory": (False,),
+    "cache_implementation": ("dynamic", "static"),  # the loop rolls both back (hf_spec.engine.cache)
+    "penalty_alpha": (0,), "diversity_penalty": (0,), "low_memory": (False,),
     "output_attentions": (False,), "output_hidden_states": (False,), "is_assistant": (False,),
     "token_healing": (False,), "use_mtp": (False,), "synced_gpus": (False,),
 }

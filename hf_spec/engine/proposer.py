@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 from transformers import LogitsProcessorList
 
-from .trees import TreeBuffers
+from .trees import TreeBuffers, build_tree_buffers
 
 
 @dataclass
@@ -46,6 +46,17 @@ class Proposal:
             return (torch.stack([t.ancestor_mask for t in self.row_trees]),
                     torch.stack([t.depths for t in self.row_trees]))
         return None if self.tree is None else (self.tree.ancestor_mask, self.tree.depths)
+
+    def keep_first(self, m: int) -> None:
+        """Keep, in place, the first ``m`` proposals in block order (a tree's nodes come by depth, so the first m are
+        a tree): e.g. what a static cache has room for, where a proposer merged sources beyond its k."""
+        if m >= self.k:
+            return
+        self.tokens = self.tokens[:, :m]
+        self.probs = None if self.probs is None else self.probs[:, :m]
+        self.tree = None if self.tree is None else build_tree_buffers(list(self.tree.paths[:m]))
+        if self.row_trees is not None:
+            self.row_trees = tuple(build_tree_buffers(list(tree.paths[:m])) for tree in self.row_trees)
 
     @property
     def k(self) -> int:

@@ -9,7 +9,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from ..verify.backends import compact_layer_torch
-from .cache import cache_kwargs, keep_path, rollback
+from .cache import cache_kwargs, keep_path, rollback, static_capacity
 from .placement import execution_device
 
 
@@ -49,7 +49,9 @@ class CachedModel:
     block goes through the unmodified forward with a 2D mask; a tree block with a 4D mask (each node sees the
     row's valid cache, the root and its own ancestors) and positions by depth. One unpadded row never needs a
     mask: what it rejects is cropped. ``compact_layer`` moves one layer's kept tree entries into place (one row:
-    the torch reference, or the Triton kernel on CUDA, ``hf_spec.verify.backends``).
+    the torch reference, or the Triton kernel on CUDA, ``hf_spec.verify.backends``). On a static cache a 4D mask
+    spans every slot (``capacity``), the ones past the cache's length disallowed: they hold rejected entries, which
+    the next forward overwrites.
     """
 
     def __init__(self, model, cache: Cache, batch_size: int = 1, compact_layer=compact_layer_torch, head=None):
@@ -64,11 +66,12 @@ class CachedModel:
         self.batch_size = batch_size
         self._valid: torch.BoolTensor | None = None
         self._cache_kwargs = cache_kwargs(self._network, cache)
+        self.capacity = static_capacity(cache)  # the slots of a static cache (None: it grows)
         self._takes_logits_to_keep = head is None and takes_logits_to_keep(type(model))
 
     @property
     def length(self) -> int:
-        return self.cache.get_seq_length()
+        return int(self.cache.get_seq_length())
 
     @property
     def valid(self) -> torch.BoolTensor | None:
@@ -200,6 +203,8 @@ class CachedModel:
     def _additive(self, allowed: torch.BoolTensor) -> torch.Tensor:
         """A boolean mask [batch, n, m] as the additive one attention takes: 0 where allowed, the dtype's minimum
         elsewhere."""
+        if self.capacity is not None:  # a static cache's every slot: those past the block hold rejected entries
+            allowed = torch.nn.functional.pad(allowed, (0, self.capacity - allowed.shape[-1]), value=False)
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
         return mask.masked_fill_(~allowed.to(self.device), torch.finfo(dtype).min)
