@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import CompileConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria
 from transformers import StoppingCriteriaList, WatermarkingConfig
 from transformers.generation.utils import GenerationMixin
 
@@ -167,7 +167,6 @@ IGNORED_CASES = {
     "target_lookbehind": 5,
     "assistant_ensemble_weight": 0.5,
     "speculation_type": "dflash",
-    "compile_config": CompileConfig(),
     "prefill_chunk_size": 4,
 }
 

@@ -181,7 +181,8 @@ def draft_proposer(draft: ResolvedDraft, call: DecodingCall, draft_vocab_size: i
     if draft.tokenizers is None:
         token_map = draft_token_map(draft_vocab_size, draft.model, call.input_ids, call.generation_config)
         proposer = ParallelDraftProposer if parallel else DraftModelProposer
-        return proposer(draft.model, call.padding_mask, call.batch_size, token_map, call.cache_capacity)
+        return proposer(draft.model, call.padding_mask, call.batch_size, token_map, call.cache_capacity,
+                        call.compile_config)
     if draft_vocab_size is not None:
         raise ValueError("draft_vocab_size restricts a draft to target ids, so it needs a draft with the target's "
                          "tokenizer; drop draft_vocab_size= for a draft with another tokenizer.")

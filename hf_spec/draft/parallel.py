@@ -65,9 +65,9 @@ class ParallelDraftProposer(DraftModelProposer):
     """
 
     def __init__(self, draft, padding_mask: torch.Tensor | None, batch_size: int = 1,
-                 token_map: TokenMap | None = None, cache_capacity: int | None = None):
+                 token_map: TokenMap | None = None, cache_capacity: int | None = None, compile_config=None):
         # its k - 1 masks go in after the committed tokens, within the slots the loop leaves a step's proposals
-        super().__init__(draft, padding_mask, batch_size, token_map, cache_capacity)
+        super().__init__(draft, padding_mask, batch_size, token_map, cache_capacity, compile_config)
         self.pard_token = pard_token_of(draft.config)
         if self.pard_token is None:
             raise ValueError("ParallelDraftProposer needs a draft whose config has pard_token.")

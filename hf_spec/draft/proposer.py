@@ -26,10 +26,12 @@ class DraftModelProposer:
     hidden_layers = ()
 
     def __init__(self, draft, padding_mask: torch.Tensor | None, batch_size: int = 1,
-                 token_map: TokenMap | None = None, cache_capacity: int | None = None):
+                 token_map: TokenMap | None = None, cache_capacity: int | None = None, compile_config=None):
         head = None if token_map is None else token_map.head_of(draft)
-        # beside a target on a static cache, the draft's is static too (``cache_capacity`` slots)
-        self.draft = CachedModel(draft, new_cache(draft, cache_capacity), batch_size, head=head)
+        # beside a target on a static cache, the draft's is static too (``cache_capacity`` slots), and its steps of
+        # one or two tokens compile where the target's do (``compile_config``)
+        self.draft = CachedModel(draft, new_cache(draft, cache_capacity), batch_size, head=head,
+                                 compile_config=compile_config)
         self.pads = [0] * batch_size if padding_mask is None else (padding_mask == 0).sum(1).tolist()
         self.covered = [0] * batch_size  # committed tokens of each row the cache holds (left padding included)
         self._pending = None  # what the last proposal fed: (block start, catch-up width and counts, lengths, k)
@@ -45,7 +47,8 @@ class DraftModelProposer:
         prefixes = list(rows)
         feed, valid, counts = self._catch_up(prefixes)
         self._pending = (self.draft.length, feed.shape[1], counts, [p.shape[1] for p in prefixes], k)
-        logits = self.draft.forward(feed, logits_to_keep=1, valid=valid).logits[:, -1].float().to(device)
+        logits = self.draft.forward(feed, logits_to_keep=1, valid=valid,
+                                    step=feed.shape[1] <= 2).logits[:, -1].float().to(device)
         probs = []
         for i in range(k):
             choices = [self._next_token(logits[r : r + 1], prefix, logits_processor, do_sample, r, len(rows))
@@ -54,7 +57,7 @@ class DraftModelProposer:
             probs.append(torch.cat([q for _, q in choices]) if do_sample else None)
             prefixes = [torch.cat([prefix, token], dim=-1) for prefix, (token, _) in zip(prefixes, choices)]
             if i < k - 1:
-                logits = self.draft.forward(step_tokens, logits_to_keep=1).logits[:, -1].float().to(device)
+                logits = self.draft.forward(step_tokens, logits_to_keep=1, step=True).logits[:, -1].float().to(device)
         tokens = torch.cat([prefix[:, -k:] for prefix in prefixes])  # [batch, k]
         return Proposal(tokens=tokens, probs=torch.stack(probs, dim=1) if do_sample else None)
 

@@ -214,7 +214,8 @@ class AutoLength(Schedule):
         self.costs.observe_verify(k + 1, verify_s)
         made = 1 + (min(accepted) if accepted else 0)
         if k > 0:
-            self.observe_draft(k, propose_s)
+            if propose_s is not None:  # None: the step compiled a shape, its time is no cost
+                self.observe_draft(k, propose_s)
             if self.run is None or self.behind > 1:  # a catch-up begins a run
                 self.end_run()
                 self.run = Run(self.predicted_for_step, self.in_call.accepted, self.in_call.judged)
@@ -316,7 +317,7 @@ class AutoTree(Schedule):
     def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         self.costs.observe_verify(k + 1, verify_s)
-        if k > 0:
+        if k > 0 and propose_s is not None:  # None: the step compiled a shape, its time is no cost
             self.costs.observe_propose_step(propose_s)
 
 

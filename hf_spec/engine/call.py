@@ -61,6 +61,18 @@ class DecodingCall:
         return next((static_capacity(self.model_kwargs[key]) for key in CACHE_KEYS if self.model_kwargs.get(key)),
                     None)
 
+    @property
+    def compile_config(self):
+        """The ``CompileConfig`` of the decoding steps where plain generate() would compile them, by transformers' own
+        rule (``_valid_auto_compile_criteria``: a compilable cache, a static one, on CUDA, or on any device where the
+        config's ``_compile_all_devices`` says so; never with ``disable_compile``, quantizers that cannot, or offloaded
+        weights); else None."""
+        cache = next((self.model_kwargs[key] for key in CACHE_KEYS if self.model_kwargs.get(key) is not None), None)
+        if cache is None or not self.model._valid_auto_compile_criteria(
+                {key: cache for key in CACHE_KEYS}, self.generation_config):
+            return None
+        return self.generation_config.compile_config or self.model._default_compile_config()
+
 
 def check_supported(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, strategy: str,
                     model_kwargs: dict | None = None, own_options: tuple[str, ...] = ()) -> None:

@@ -55,10 +55,13 @@ class _Decoding:
         self.row_stats = [self.stats] if batch_size == 1 else [SpecStats(strategy=proposer.name)
                                                               for _ in range(batch_size)]
         self.capacity = call.cache_capacity  # a static cache's slots, or None
+        compile_config = call.compile_config  # read off the cache generate() prepared, before it is taken
         self.cache = take_cache(call.model_kwargs) or new_cache(call.model)
         check_rollback_supported(self.cache, f"strategy={proposer.name!r}")
         check_capacity(self.capacity, call.generation_config.max_length, f"strategy={proposer.name!r}")
-        self.target = CachedModel(call.model, self.cache, batch_size, tree_verifier.compact_layer)
+        self.target = CachedModel(call.model, self.cache, batch_size, tree_verifier.compact_layer,
+                                  compile_config=compile_config)
+        self.graphs = compiled_graphs()  # torch's count of graphs compiled so far in the process
         self.timer = StepTimer(self.stats, self.target.device)
         self.recorder = OutputRecorder(call.generation_config, batch_size)
         self.rows = list(call.input_ids.split(1))  # each row's committed tokens [1, S_r], left padding included
@@ -106,6 +109,7 @@ class _Decoding:
         """One verification step with up to k proposals per row."""
         spent = (self.stats.propose_s, self.stats.verify_s)
         carries_prompt = self.prompt_left
+        graphs = compiled_graphs()
         with self.timer("propose_s"):
             proposal = self.propose(k)
         source = getattr(self.proposer, "source", None)  # a proposer that picks one source a step says which
@@ -119,8 +123,13 @@ class _Decoding:
             self.stats.k_per_step.append(proposal.k)
         # None: no forward was timed, or the one timed carried the prompt too (not a verification's cost)
         verify_s = None if block_start is None or self.carried_prompt else self.stats.verify_s - spent[1]
-        self.schedule.observe(proposal.k, [a for a, path in zip(accepted, kept) if path],
-                              self.stats.propose_s - spent[0] - proposal.catch_up_s, verify_s, self.confidence)
+        propose_s = self.stats.propose_s - spent[0] - proposal.catch_up_s
+        if compiled_graphs() > graphs:  # the step compiled a shape: compile time, no cost for the schedule to hear
+            self.stats.compile_s += self.stats.propose_s - spent[0] + self.stats.verify_s - spent[1]
+            self.stats.propose_s, self.stats.verify_s = spent
+            propose_s = verify_s = None
+        self.schedule.observe(proposal.k, [a for a, path in zip(accepted, kept) if path], propose_s, verify_s,
+                              self.confidence)
         self.roll_back(block_start, kept, accepted, output.hidden)
         if carries_prompt:  # this step prefilled the target (and a draft model, proposing): its time is prefill
             self.stats.prefill_s += self.stats.propose_s - spent[0] + self.stats.verify_s - spent[1]
@@ -155,7 +164,7 @@ class _Decoding:
         block_start = self.target.length + block.shape[1] - (proposal.k + 1)
         output = self.target.forward(block, proposal.k + 1, valid=valid, hidden_layers=self.proposer.hidden_layers,
                                      tree_mask=None if layout is None else layout[0],
-                                     tree_depths=None if layout is None else layout[1])
+                                     tree_depths=None if layout is None else layout[1], step=not self.carried_prompt)
         return block_start, output
 
     def _with_prompt(self, block: torch.LongTensor, valid, feed: bool):
@@ -218,9 +227,16 @@ class _Decoding:
         if self.call.batch_size > 1:
             self.stats.add_rows(self.row_stats)
         self.stats.total_s = time.perf_counter() - self.start_time
+        self.stats.compiled_graphs = compiled_graphs() - self.graphs
         _set_last_stats(self.stats)
         cache = self.cache if self.call.batch_size == 1 else None
         return self.recorder.build(_padded(self.rows, self.call.generation_config), cache, self.stats)
+
+
+def compiled_graphs() -> int:
+    """The graphs torch has compiled in this process (its own counter: a compiled step's first call of a shape adds
+    one)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def check_capacity(capacity: int | None, max_length: int, who: str) -> None:

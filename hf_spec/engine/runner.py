@@ -34,6 +34,27 @@ def padding_mask_of(model_kwargs: dict) -> torch.Tensor | None:
     return mask
 
 
+STEP_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # the widths a compiled step runs at (a block padded to the next)
+
+
+def _padded_block(tokens: torch.LongTensor, width: int, valid, tree_mask, tree_depths):
+    """A block of n tokens [batch, n] padded to ``width``: pad entries after it, each attending the block's root and
+    itself (a tree) or what a chain's causal mask gives it; nothing of the block attends them. e.g. a tree of 3
+    nodes padded to 4: the mask gains a row and a column, its own row [1, 0, 0, 1]."""
+    batch, n = tokens.shape
+    tokens = torch.nn.functional.pad(tokens, (0, width - n))
+    if valid is not None:
+        valid = torch.nn.functional.pad(valid.bool(), (0, width - n), value=True)
+    if tree_mask is not None:
+        grown = torch.zeros(*tree_mask.shape[:-2], width, width, dtype=torch.bool, device=tree_mask.device)
+        grown[..., :n, :n] = tree_mask
+        grown[..., n:, 0] = True
+        grown[..., range(n, width), range(n, width)] = True
+        tree_mask = grown
+        tree_depths = torch.nn.functional.pad(tree_depths, (0, width - n), value=1)
+    return tokens, valid, tree_mask, tree_depths
+
+
 class ForwardOutput(NamedTuple):
     logits: torch.Tensor  # [batch, m, vocab]
     hidden: torch.Tensor | None  # [batch, n, features] hidden states of every entry fed, when asked for
@@ -52,9 +73,15 @@ class CachedModel:
     the torch reference, or the Triton kernel on CUDA, ``hf_spec.verify.backends``). On a static cache a 4D mask
     spans every slot (``capacity``), the ones past the cache's length disallowed: they hold rejected entries, which
     the next forward overwrites.
+
+    Compiled steps (``compile_config``, where plain generate() would compile its decoding steps): a forward marked as
+    a step runs through the model's compiled call (transformers' ``get_compiled_call``) on a block padded to a width
+    of ``STEP_WIDTHS`` (padding after the block, attended by nothing of it, its slots dropped with the rest of the
+    block's rejected ones), so that a compiled forward sees a few shapes; prefills and catch-ups run as they are.
     """
 
-    def __init__(self, model, cache: Cache, batch_size: int = 1, compact_layer=compact_layer_torch, head=None):
+    def __init__(self, model, cache: Cache, batch_size: int = 1, compact_layer=compact_layer_torch, head=None,
+                 compile_config=None):
         self.model = model
         self.cache = cache
         # head: a function from last hidden states to logits that replaces the model's own output layer (e.g. one
@@ -67,6 +94,7 @@ class CachedModel:
         self._valid: torch.BoolTensor | None = None
         self._cache_kwargs = cache_kwargs(self._network, cache)
         self.capacity = static_capacity(cache)  # the slots of a static cache (None: it grows)
+        self._step_call = None if compile_config is None else self._network.get_compiled_call(compile_config)
         self._takes_logits_to_keep = head is None and takes_logits_to_keep(type(model))
 
     @property
@@ -84,15 +112,22 @@ class CachedModel:
 
     def forward(self, tokens: torch.LongTensor, logits_to_keep: int = 0, valid: torch.BoolTensor | None = None,
                 tree_mask: torch.BoolTensor | None = None, tree_depths: torch.LongTensor | None = None,
-                hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+                hidden_layers: tuple[int, ...] = (), step: bool = False) -> ForwardOutput:
         """Feed tokens [batch, n] (``valid`` [batch, n]: False for entries that are not tokens of the row); return
         logits [batch, m, vocab] for the last ``logits_to_keep`` columns (0: all n), and with ``hidden_layers``
         the hidden states of all n entries [batch, n, len(hidden_layers) * hidden], those layers concatenated
         (indices into ``output_hidden_states``: 0 the embeddings, -1 the last, after the final norm).
         tree_mask [n, n], or [batch, n, n] for a tree per row (True: row may attend column), and tree_depths [n]
-        or [batch, n] make the block a tree."""
+        or [batch, n] make the block a tree. ``step``: a decoding step, compiled where compiling is on."""
         tokens = tokens.to(self.device)
         n = tokens.shape[1]
+        width = self._step_width(n) if step and self._step_call is not None else None
+        if width is not None and width > n:  # padded at the end: nothing of the block attends it
+            tokens, valid, tree_mask, tree_depths = _padded_block(tokens, width, valid, tree_mask, tree_depths)
+            output = self.forward(tokens, 0, valid, tree_mask, tree_depths, hidden_layers, step=True)
+            keep = logits_to_keep or n
+            return ForwardOutput(output.logits[:, n - keep : n],
+                                 None if output.hidden is None else output.hidden[:, :n])
         valid = None if valid is None or bool(valid.all()) else valid.to(self.device, torch.bool)
         masked = self._valid is not None or valid is not None
         past, block = self._past_and_block(n, valid) if masked or tree_mask is not None else (None, None)
@@ -100,10 +135,16 @@ class CachedModel:
             layout = self._chain_layout(n, past, block)
         else:
             layout = self._tree_layout(tree_mask.to(self.device), tree_depths.to(self.device), past, block)
-        output = self._run(tokens, layout, logits_to_keep, hidden_layers)
+        output = self._run(tokens, layout, logits_to_keep, hidden_layers, compiled=width is not None)
         if masked:
             self.valid = torch.cat([past, block], dim=-1)
         return output
+
+    def _step_width(self, n: int) -> int:
+        """The width a compiled step of n tokens runs at: the smallest of ``STEP_WIDTHS`` that holds them and fits the
+        cache's free slots (else n itself)."""
+        room = None if self.capacity is None else self.capacity - self.length
+        return next((w for w in STEP_WIDTHS if w >= n and (room is None or w <= room)), n)
 
     def forward_masked(self, tokens: torch.LongTensor, attention: torch.BoolTensor,
                        positions: torch.LongTensor) -> ForwardOutput:
@@ -115,12 +156,13 @@ class CachedModel:
         return self._run(tokens, layout, 0, ())
 
     def _run(self, tokens: torch.LongTensor, layout: dict, logits_to_keep: int,
-             hidden_layers: tuple[int, ...]) -> ForwardOutput:
+             hidden_layers: tuple[int, ...], compiled: bool = False) -> ForwardOutput:
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         if self.head is not None and hidden_layers not in ((), (-1,)):
             raise ValueError("A model scored by its own head gives its last hidden state only.")
-        outputs = self._network(input_ids=tokens, **layout, **self._cache_kwargs, use_cache=True,
-                                output_hidden_states=bool(hidden_layers) and self.head is None, **extra)
+        network = self._step_call if compiled else self._network
+        outputs = network(input_ids=tokens, **layout, **self._cache_kwargs, use_cache=True,
+                          output_hidden_states=bool(hidden_layers) and self.head is None, **extra)
         if self.head is not None:
             last = outputs.last_hidden_state
             logits = self.head(last[:, -logits_to_keep:] if logits_to_keep else last)

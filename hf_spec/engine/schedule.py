@@ -28,11 +28,12 @@ class Schedule:
         """The number of tokens to propose at the next step (0: a plain decoding step)."""
         raise NotImplementedError
 
-    def observe(self, k: int, accepted: list[int], propose_s: float, verify_s: float | None,
+    def observe(self, k: int, accepted: list[int], propose_s: float | None, verify_s: float | None,
                 confidence: list[list[float]]) -> None:
         """What the step with k proposals kept in each row still decoding, what proposing and verifying took
-        (verify_s None: the step ran no forward, the prefill had scored it), and the target's confidence (top
-        probability) at each token a row committed: entry i judged proposal i + 1."""
+        (verify_s None: the step ran no forward, the prefill had scored it; both None: the step compiled a shape, so
+        its times are no costs), and the target's confidence (top probability) at each token a row committed: entry
+        i judged proposal i + 1."""
 
     def observe_beyond(self, tokens: int) -> None:
         """The last step also committed ``tokens`` past what ``observe`` heard this schedule's proposer bring: the

@@ -48,6 +48,10 @@ class SpecStats:
     propose_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    # compiled steps (a static cache where generate() would compile): the graphs torch compiled during the call and
+    # the time of the steps that compiled one, kept out of propose_s and verify_s
+    compiled_graphs: int = 0
+    compile_s: float = 0.0
     # what the strategy chose for this call and why, e.g. {"draft form": "int8 weights (...); 32768 ids (...)"}
     choices: dict[str, str] = field(default_factory=dict)
     # steps by what proposed them, for a proposer that picks one source a step (prompt lookup beside a draft:
@@ -70,7 +74,7 @@ class SpecStats:
     @property
     def overhead_s(self) -> float:
         """Wall time outside the model forwards: acceptance, logits processing, bookkeeping."""
-        return max(self.total_s - self.prefill_s - self.propose_s - self.verify_s, 0.0)
+        return max(self.total_s - self.prefill_s - self.propose_s - self.verify_s - self.compile_s, 0.0)
 
     @property
     def overhead_share(self) -> float:
@@ -165,6 +169,7 @@ class SpecStats:
             f"{self.tokens_per_step:.2f} tokens/step, {self.tokens_per_second:.2f} tok/s; time: "
             f"prefill {self.prefill_s:.2f}s, proposing {self.propose_s:.2f}s, verifying {self.verify_s:.2f}s, "
             f"other {self.overhead_s:.2f}s ({self.overhead_share:.1%})"
+            + (f"; compiling {self.compile_s:.2f}s ({self.compiled_graphs} graphs)" if self.compiled_graphs else "")
             + "".join(f"; {name}: {why}" for name, why in self.choices.items())
         )
 

@@ -427,5 +427,5 @@ class LookupAndDraftSchedule(Schedule):
             other.observe(0, accepted, 0.0, None, confidence)
         if verify_s is not None and getattr(took, "costs", None) is not proposer.costs:
             proposer.costs.observe_verify(k + 1, verify_s)
-        if k > 0:  # the step that carried the prompt too: the draft's catch-up on it is what it measures
+        if k > 0 and propose_s is not None:  # the step that carried the prompt too: its catch-up is what it measures
             proposer.observe_propose_seconds(propose_s)

@@ -1,0 +1,97 @@
+"""Compiled steps: where plain generate() would compile its decoding steps (a static cache on CUDA, or a compile_config
+set for every device, as here on the CPU), the loop compiles the target's verification and the draft's one-token
+steps at a few padded widths; the output stays plain generate()'s, the graphs compiled are few and counted, and
+disable_compile is honoured."""
+import pytest
+import torch
+from transformers import CompileConfig
+
+import hf_spec
+from hf_spec.engine.loop import compiled_graphs
+from hf_spec.engine.runner import STEP_WIDTHS, _padded_block
+from hf_spec.medusa import MedusaHeads
+
+NEW_TOKENS = 24
+
+
+def compile_config(backend: str = "eager") -> CompileConfig:
+    """transformers' own switch for compiling off CUDA; the eager backend traces and counts graphs without
+    generating code (fast), inductor compiles for real."""
+    config = CompileConfig(backend=backend, mode="default")
+    config._compile_all_devices = True
+    return config
+
+
+def plain(target, inputs, **kwargs):
+    return target.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, **kwargs)
+
+
+STRATEGIES = {
+    "draft": lambda target, drafts: {"strategy": "draft", "draft_model": drafts["partly"], "num_speculative_tokens": 3},
+    "draft auto": lambda target, drafts: {"strategy": "draft", "draft_model": drafts["partly"],
+                                          "num_speculative_tokens": "auto", "cache_costs": False},
+    "draft tree": lambda target, drafts: {"strategy": "draft", "draft_model": drafts["partly"], "tree": "dynamic",
+                                          "num_speculative_tokens": 6},
+    "prompt lookup": lambda target, drafts: {"strategy": "prompt_lookup"},
+    "medusa": lambda target, drafts: {"strategy": "medusa", "medusa_heads": MedusaHeads.for_model(target, 3),
+                                      "tree": [[0], [1], [0, 0]]},
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiles():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_compiled_steps_decode_like_plain_generate_and_are_counted(target, drafts, tokenizer, strategy):
+    prompt = tokenizer("def fib(n): return fib(n - 1) + fib(n", return_tensors="pt")
+    out = plain(target, prompt, cache_implementation="static", compile_config=compile_config(),
+                **STRATEGIES[strategy](target, drafts))
+    assert torch.equal(out, plain(target, prompt))
+    stats = hf_spec.last_stats()
+    assert 0 < stats.compiled_graphs <= 8 and stats.compile_s > 0
+    assert stats.compile_s + stats.prefill_s + stats.propose_s + stats.verify_s <= stats.total_s
+
+
+def test_a_64_token_auto_call_compiles_a_handful_of_graphs(target, drafts, prompt):
+    """k changes from step to step; the padded widths (1, 2, 4, 8) keep the shapes few: at most a handful of graphs,
+    counted by torch itself, and a second call adds at most one (a width the first did not take)."""
+    settings = dict(do_sample=False, max_new_tokens=64, min_new_tokens=64, strategy="draft",
+                    draft_model=drafts["partly"], num_speculative_tokens="auto", cache_implementation="static",
+                    compile_config=compile_config())
+    before = compiled_graphs()
+    target.generate(**prompt, **settings)
+    first = hf_spec.last_stats()
+    assert len(set(first.k_per_step)) > 2  # several k, a few widths
+    assert 0 < first.compiled_graphs == compiled_graphs() - before <= 6
+    target.generate(**prompt, **settings)
+    second = hf_spec.last_stats().compiled_graphs
+    assert second <= 1 and first.compiled_graphs + second <= 6
+
+
+def test_disable_compile_and_a_cpu_without_the_switch_compile_nothing(target, drafts, prompt):
+    common = dict(strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=3,
+                  cache_implementation="static")
+    plain(target, prompt, compile_config=compile_config(), disable_compile=True, **common)
+    assert hf_spec.last_stats().compiled_graphs == 0
+    plain(target, prompt, **common)  # on a CPU plain generate() would not compile either
+    assert hf_spec.last_stats().compiled_graphs == 0
+
+
+def test_inductor_compiled_steps_decode_like_plain_generate(drafts, target, prompt):
+    """Real code generation (inductor), once: the draft chain on a static cache."""
+    out = plain(target, prompt, cache_implementation="static", compile_config=compile_config("inductor"),
+                strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=3)
+    assert torch.equal(out, plain(target, prompt)) and hf_spec.last_stats().compiled_graphs > 0
+
+
+def test_a_block_is_padded_after_its_tokens_and_attended_by_none_of_them():
+    tokens = torch.tensor([[5, 6, 7]])
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    padded, valid, mask, depths = _padded_block(tokens, 4, None, tree, torch.tensor([0, 1, 1]))
+    assert padded.tolist() == [[5, 6, 7, 0]] and valid is None and depths.tolist() == [0, 1, 1, 1]
+    assert mask[:3, :3].equal(tree) and not mask[:3, 3].any() and mask[3].tolist() == [True, False, False, True]
+    assert STEP_WIDTHS[:4] == (1, 2, 4, 8)
