@@ -177,6 +177,34 @@ def test_draft_tree_and_default_rows(tmp_path):
     assert "a dynamic tree (5 levels, 2 wide)" in forms["draft-tree@6"] and "tree" not in forms["default"]
 
 
+def test_the_static_cache_rows_decode_like_vanilla_and_compile_where_asked(tmp_path, monkeypatch):
+    """--cache static runs every mode on static caches (vanilla as transformers decodes on one); with --compile the
+    decoding steps compile (eager backend here: traced and counted, no code generated)."""
+    from transformers import CompileConfig
+
+    import hf_spec.bench as bench
+
+    target = tiny_causal_lm(hidden_size=64, num_layers=2)
+    config = CompileConfig(backend="eager", mode="default")
+    config._compile_all_devices = True
+    settings = bench.cache_settings("static", True)
+    assert settings["cache_implementation"] == "static" and settings["compile_config"]._compile_all_devices
+    with pytest.raises(ValueError, match="add --cache static"):
+        bench.cache_settings("dynamic", True)
+    original = bench.cache_settings
+    monkeypatch.setattr(bench, "cache_settings",
+                        lambda cache, compile_steps: dict(original(cache, False), compile_config=config))
+    run_bench(Contenders(target, perturbed_draft(target, 0.1)), char_tokenizer(),
+              prompts=load_prompts(per_category=1, limit=2), modes=["vanilla", "draft", "lookup"], ks=[2],
+              max_new_tokens=12, progress=False, warmup=0, print_fn=lambda *_: None,
+              json_path=tmp_path / "bench.json", cache="static", compile_steps=True)
+    report = json.loads((tmp_path / "bench.json").read_text())
+    overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
+    assert all(row["equal_to_vanilla"] == 1.0 for row in overall.values())
+    graphs = sum(run["stats"]["compiled_graphs"] for run in report["runs"] if run["stats"])
+    assert graphs > 0
+
+
 def test_lookup_modes_end_to_end(tmp_path):
     target = tiny_causal_lm(hidden_size=64, num_layers=2)
     run_bench(Contenders(target, perturbed_draft(target, 0.1)), char_tokenizer(),

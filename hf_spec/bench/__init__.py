@@ -21,12 +21,16 @@ from .run import Contenders, mode_names, run_modes
 def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_tokens=64, repeats=1,
               do_sample=False, temperature=1.0, calibrate_costs=True, progress=True, print_fn=print,
               json_path=None, plot_path=None, encoded=None, alphas=None, batch_size=1, warmup=1,
-              tree_nodes=(8,), ranks_path=None) -> list[dict]:
+              tree_nodes=(8,), ranks_path=None, cache: str = "dynamic", compile_steps: bool = False) -> list[dict]:
     """Run and report. ``encoded``: the prompts' model inputs (default: chat-encoded with ``tokenizer``);
     ``alphas``: acceptance-controlled draft modes (synthetic bench, greedy only); ``batch_size``: prompts per
     generate() call, left-padded (tokens/s then counts every row's tokens); ``warmup``: prompts every mode
     runs untimed first; ``ranks_path``: where to write the draft's rank of each of vanilla's tokens, teacher-forced,
-    with the calibrated costs (``hf_spec.bench.ranks``: what ``hf-spec simulate --ranks`` reads)."""
+    with the calibrated costs (``hf_spec.bench.ranks``: what ``hf-spec simulate --ranks`` reads); ``cache``:
+    "static" runs every mode on static caches (``cache_implementation="static"``: vanilla is transformers' own plain
+    decoding on one); ``compile_steps``: with a static cache, compile the decoding steps on any device (transformers'
+    ``CompileConfig`` with ``_compile_all_devices``; on CUDA a static cache compiles without it, as generate() does),
+    vanilla's by transformers itself."""
     if ranks_path and (do_sample or batch_size > 1 or contenders.draft is None):
         raise ValueError("--ranks records the draft's ranks of the target's greedy tokens: one prompt a call, greedy, "
                          "with a draft (--draft).")
@@ -38,7 +42,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         prompts, encoded = batch_prompts(prompts, encoded, batch_size, pad_token_id)
         calibrate_costs = False  # the cost model predicts one row
-    generation_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
+    generation_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, **cache_settings(cache, compile_steps))
+    names = [name for name in names if runs_on_the_cache(name, contenders, encoded[0], generation_kwargs, print_fn)]
     if do_sample:
         generation_kwargs["temperature"] = temperature
     prompt_length = round(statistics.mean(inputs["input_ids"].shape[1] for inputs in encoded))
@@ -87,6 +92,37 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     if plot_path:
         plot(plot_path, rows)
     return rows
+
+
+def cache_settings(cache: str, compile_steps: bool) -> dict:
+    """The generate() settings of ``--cache`` and ``--compile``."""
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"cache must be 'dynamic' or 'static'; got {cache!r}.")
+    if compile_steps and cache != "static":
+        raise ValueError("--compile compiles decoding steps on a static cache, as generate() does: add --cache static.")
+    settings = {"cache_implementation": "static"} if cache == "static" else {}
+    if compile_steps:
+        from transformers import CompileConfig
+
+        config = CompileConfig()
+        config._compile_all_devices = True  # transformers' own switch for compiling off CUDA
+        settings["compile_config"] = config
+    return settings
+
+
+def runs_on_the_cache(name: str, contenders: Contenders, inputs: dict, generation_kwargs: dict, print_fn) -> bool:
+    """Whether transformers runs mode ``name`` with these cache settings (its assisted generation may refuse a static
+    cache); a mode it refuses is left out of the table, with why."""
+    if "cache_implementation" not in generation_kwargs or not name.startswith(("assisted@", "hf-lookup")):
+        return True
+    from .run import generate_once
+
+    try:
+        generate_once(name, contenders, inputs, dict(generation_kwargs, max_new_tokens=2))
+    except (ValueError, NotImplementedError, RuntimeError) as error:
+        print_fn(f"{name} left out: transformers does not run it on a static cache ({str(error).splitlines()[0]})")
+        return False
+    return True
 
 
 def check_contenders(contenders: Contenders, names: list[str], batch_size: int) -> dict[str, int]:

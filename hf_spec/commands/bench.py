@@ -145,6 +145,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="--synthetic: where to build the models (e.g. cuda)")
     parser.add_argument("--prompt-length", type=positive_int, default=128, help="--synthetic: random prompt length")
     parser.add_argument("--json", action=path_action(output_file), help="write rows, runs and costs to this file")
+    parser.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
+                        help="static: every mode on static caches (cache_implementation='static'), vanilla as "
+                             "transformers decodes on one")
+    parser.add_argument("--compile", action="store_true",
+                        help="with --cache static: compile the decoding steps on any device, as generate() does on "
+                             "CUDA (vanilla's by transformers itself)")
     parser.add_argument("--ranks", action=path_action(output_file),
                         help="write the draft's rank of each of vanilla's tokens (teacher-forced) and the costs to this "
                              "file, for hf-spec simulate --ranks")
@@ -189,6 +195,8 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(PLOT_NEEDS)  # before the benchmark runs, not after it
     if not args.synthetic and not args.target:
         raise ValueError("bench needs --target (or --synthetic TARGET:DRAFT)")
+    if args.compile and args.cache != "static":
+        raise ValueError("--compile compiles decoding steps on a static cache, as generate() does: add --cache static.")
     if args.modes is None:
         args.modes = modes("vanilla,draft" if args.synthetic else "vanilla,assisted,draft")
     if args.synthetic:
@@ -307,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, do_sample=args.do_sample,
                      temperature=args.temperature, json_path=args.json, plot_path=args.plot,
                      batch_size=args.batch_size, warmup=args.warmup, tree_nodes=args.tree_nodes,
-                     ranks_path=args.ranks)
+                     ranks_path=args.ranks, cache=args.cache, compile_steps=args.compile)
     return 0 if all(r["other_differences"] == 0 for r in rows) else 1
 
 
@@ -357,5 +365,5 @@ def run_synthetic(args: argparse.Namespace) -> int:
     prompts, encoded = random_prompts(args.limit or 4, args.prompt_length, vocab, args.device)
     run_bench(contenders, None, prompts=prompts, modes=args.modes, ks=args.k, max_new_tokens=args.max_new_tokens,
               repeats=args.repeats, encoded=encoded, alphas=args.alpha, json_path=args.json, plot_path=args.plot,
-              warmup=args.warmup)
+              warmup=args.warmup, cache=args.cache, compile_steps=args.compile)
     return 0
