@@ -19,6 +19,8 @@ DRIVER = ROOT / "tools" / "gpu_check.py"
 SUMMARY = ROOT / "tools" / "gpu_check_summary.py"
 DEVICE_CALL_LIMIT_S = 600  # one command on the device machine
 MAX_FILES = 8  # what comes back from $OUT
+DEFAULT_STEPS = ("environment", "kernel_tests", "tree_verify", "draft", "trees", "draft_4bit")
+OWN_CALL_STEPS = ("compiled", "placement")
 
 
 def commands() -> list[str]:
@@ -83,10 +85,12 @@ def test_each_step_has_a_time_limit_and_they_fit_one_device_call():
             assert line.startswith("step ") or re.search(r"\btimeout \d+ ", line), f"no time limit: {line}"
     assert re.search(r'timeout --kill-after=\d+ "\$limit" "\$@"', SCRIPT.read_text())  # what `step` runs
     limits = step_limits()
-    assert set(limits) == {"environment", "kernel_tests", "tree_verify", "draft", "trees", "draft_4bit", "summary"}
+    assert set(limits) == {*DEFAULT_STEPS, *OWN_CALL_STEPS, "summary"}
     preparation = sum(int(n) for line in commands() if "bitsandbytes" in line or "pip install" in line
                       for n in re.findall(r"timeout (\d+) ", line))
-    assert sum(limits.values()) + preparation <= DEVICE_CALL_LIMIT_S - 5
+    assert sum(limits[step] for step in DEFAULT_STEPS) + limits["summary"] + preparation <= DEVICE_CALL_LIMIT_S - 5
+    for step in OWN_CALL_STEPS:  # each in a call of its own (--steps compiled)
+        assert limits[step] + limits["summary"] <= DEVICE_CALL_LIMIT_S - 5, step
 
 
 def test_outputs_go_under_out_and_fit_what_comes_back():
@@ -96,7 +100,8 @@ def test_outputs_go_under_out_and_fit_what_comes_back():
     steps = step_limits().keys() - {"summary"}
     files = {f"{step}.txt" for step in steps} | {"results.jsonl", "summary.txt"}
     assert set(re.findall(r'\$OUT/([\w.$]+)', "\n".join(commands()))) <= files | {"$name.txt"}
-    assert len(files) <= MAX_FILES
+    for call in (DEFAULT_STEPS, *([step] for step in OWN_CALL_STEPS)):  # what one call writes: its steps' files
+        assert len({f"{step}.txt" for step in call} | {"results.jsonl", "summary.txt"}) <= MAX_FILES
 
 
 @pytest.fixture
@@ -133,6 +138,23 @@ def test_the_rehearsal_runs_every_python_step_and_the_summary_reads_them(driver,
                      "4-bit draft:", "planner, tiny:tiny on a 24 GB card"):
         assert expected in text, expected
     assert len(text.splitlines()) <= 45  # one screen
+
+
+def test_the_steps_that_take_a_call_of_their_own_rehearse_and_are_summarised(driver, tmp_path):
+    """compiled: every mode on static caches beside eager vanilla; placement: a target half offloaded (to disk in a
+    rehearsal), its plain output equal to the target in one place."""
+    for step in OWN_CALL_STEPS:
+        assert driver.main([step, "--rehearse", "--out", str(tmp_path)]) == 0, step
+    from gpu_check_summary import read_records, summary
+
+    records = read_records(tmp_path)
+    assert records["placement"]["equal_to_unplaced"] and records["placement"]["offloaded_to"] == "disk"
+    assert {"vanilla", "draft@3~0.8", "eagle~0.8", "medusa~0.8"} <= {
+        row["mode"] for row in records["compiled"]["bench"]["rows"]}
+    text = summary(tmp_path, "compiled:0:1 placement:0:1", rehearse=True)
+    for expected in ("-- compiled: vanilla compiled", "vs compiled vanilla", "-- placement: half the target's layers",
+                     "compiled ok 1s"):
+        assert expected in text, expected
 
 
 def test_the_four_bit_step_says_why_it_did_not_run(driver, tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The GPU check's steps; tools/gpu_check.sh runs each in its own process, under its own time limit.
 
-    python tools/gpu_check.py STEP [--rehearse] [--out DIR]    (STEP: environment, tree-verify, draft, trees, draft_4bit)
+    python tools/gpu_check.py STEP [--rehearse] [--out DIR]
+    (STEP: environment, tree-verify, draft, trees, draft_4bit; and, each in a call of its own, compiled, placement)
 
 Each step prints its tables (the shell keeps them as $OUT/<step>.txt) and appends one JSON record to
 $OUT/results.jsonl; tools/gpu_check_summary.py reads the records back into one screen. A part of a step that fails
@@ -156,15 +157,17 @@ def quantize_draft(contenders, errors: list[str]) -> dict:
     return status
 
 
-def bench(contenders, prompts, encoded, modes: list[str], settings: Settings) -> dict:
-    """run_bench (its table printed), and what it writes as JSON: settings, costs, rows, runs."""
+def bench(contenders, prompts, encoded, modes: list[str], settings: Settings, cache: str = "dynamic",
+          ks: tuple[int, ...] | None = None) -> dict:
+    """run_bench (its table printed), and what it writes as JSON: settings, costs, rows, runs. ``cache``: "static"
+    runs every mode on static caches, which compile their steps on CUDA as generate() does (not in a rehearsal)."""
     from hf_spec.bench import run_bench
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "bench.json")
-        ks = list(settings.ks) if "draft" in modes else []  # no chain widths to calibrate for the trees
+        ks = list(ks or settings.ks) if "draft" in modes else []  # no chain widths to calibrate for the trees
         run_bench(contenders, None, prompts=prompts, modes=modes, ks=ks, max_new_tokens=settings.new_tokens,
-                  encoded=encoded, alphas=[settings.alpha], json_path=path, warmup=1)
+                  encoded=encoded, alphas=[settings.alpha], json_path=path, warmup=1, cache=cache)
         with open(path) as f:
             return json.load(f)
 
@@ -282,7 +285,53 @@ def bench_step(step: str, settings: Settings, out: Path) -> int:
     return 1 if errors else 0
 
 
-STEP_CHOICES = ("environment", "tree-verify", *STEPS)
+COMPILED_MODES = ["vanilla", "draft", "auto", "eagle", "medusa"]
+
+
+def compiled_step(settings: Settings, out: Path) -> int:
+    """Speculation on static caches with compiled steps (on CUDA, as generate() compiles there: CUDA graphs) against
+    transformers' own compiled plain decoding, and its eager plain decoding: the baseline each compiled mode is
+    measured against must be real (compiled vanilla well above eager)."""
+    errors: list[str] = []
+    contenders, prompts, encoded = build(settings, COMPILED_MODES)
+    eager = attempt("eager vanilla", lambda: bench(contenders, prompts, encoded, ["vanilla"], settings), errors)
+    compiled = attempt("compiled", lambda: bench(contenders, prompts, encoded, COMPILED_MODES, settings, "static",
+                                                 ks=(3, 5)), errors)
+    record(out, "compiled", settings=asdict(settings), eager=eager, bench=compiled, errors=errors)
+    return 1 if errors else 0
+
+
+def placement_step(settings: Settings, out: Path) -> int:
+    """The target placed by accelerate, half its layers on the device and half offloaded (to the CPU's memory on a
+    GPU, to disk in a rehearsal), the draft on the device: every output equal to the target's in one place, and what
+    speculation buys where each forward reads the offloaded layers once."""
+    from accelerate import dispatch_model
+
+    errors: list[str] = []
+    contenders, prompts, encoded = build(settings, ["vanilla", "draft"])
+    target = contenders.target
+    generation = dict(max_new_tokens=settings.new_tokens, do_sample=False)
+    reference = [target.generate(**inputs, **generation) for inputs in encoded]
+    layers = target.config.num_hidden_layers
+    away = "cpu" if settings.device != "cpu" else "disk"
+    device = 0 if settings.device != "cpu" else "cpu"
+    device_map = {"model.embed_tokens": device, "model.rotary_emb": device, "model.norm": device, "lm_head": device,
+                  **{f"model.layers.{i}": device if i < layers // 2 else away for i in range(layers)}}
+    with tempfile.TemporaryDirectory() as folder:
+        contenders.target = dispatch_model(target, device_map, main_device=device, offload_dir=folder)
+        placed = [contenders.target.generate(**inputs, **generation) for inputs in encoded]
+        equal = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(placed, reference))
+        print(f"placed target ({layers // 2} of {layers} layers offloaded to {away}): plain output "
+              f"{'equal' if equal else 'DIFFERENT'} to the target in one place", flush=True)
+        result = attempt("bench", lambda: bench(contenders, prompts, encoded, ["vanilla", "draft"], settings,
+                                                ks=(3, 5)), errors)
+    record(out, "placement", settings=asdict(settings), offloaded_to=away, equal_to_unplaced=equal, bench=result,
+           errors=errors)
+    return 0 if equal and not errors else 1
+
+
+OWN_CALL_STEPS = {"compiled": compiled_step, "placement": placement_step}  # too long to share a call
+STEP_CHOICES = ("environment", "tree-verify", *STEPS, *OWN_CALL_STEPS)
 
 
 def main(argv=None) -> int:
@@ -296,6 +345,8 @@ def main(argv=None) -> int:
     settings = REHEARSAL if args.rehearse else GPU
     if args.step in STEPS:
         return bench_step(args.step, settings, out)
+    if args.step in OWN_CALL_STEPS:
+        return OWN_CALL_STEPS[args.step](settings, out)
     return {"environment": environment, "tree-verify": tree_verify}[args.step](settings, out)
 
 

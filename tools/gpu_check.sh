@@ -5,11 +5,14 @@
 # process under its own time limit; one that fails or runs out of time does not stop the next. Progress lines go
 # to the terminal, everything else under $OUT (default ./gpu-check), at most 8 files:
 #   environment.txt kernel_tests.txt tree_verify.txt draft.txt trees.txt draft_4bit.txt results.jsonl summary.txt
+# Two steps take a call of their own (--steps compiled, --steps placement): speculation with compiled steps on static
+# caches against transformers' compiled plain decoding, and a target half offloaded by accelerate.
 # docs/benchmarks.md ("On a GPU") says what each holds and how to read it.
 #
 #   bash tools/gpu_check.sh                        # on the GPU machine: about 5 minutes on an H200, 10 at most
 #   bash tools/gpu_check.sh --rehearse             # on a CPU: the same steps at tiny shapes (TRITON_INTERPRET=1)
 #   bash tools/gpu_check.sh --steps draft,trees    # only these steps (a rerun)
+#   bash tools/gpu_check.sh --steps compiled       # a step that takes a call of its own (also: placement)
 #
 # bitsandbytes (the 4-bit draft) is not in the image: a wheel in .whl/ (carried to the machine) is installed from
 # the file (pip --no-index --target), else the check says that the 4-bit draft was not checked, and why.
@@ -18,13 +21,14 @@ cd "$(dirname "$0")/.."
 
 REHEARSE=""
 ALL_STEPS="environment,kernel_tests,tree_verify,draft,trees,draft_4bit"
+OWN_CALL_STEPS="compiled,placement"  # each too long to share a call with the others
 STEPS=$ALL_STEPS
 while [ $# -gt 0 ]; do
     case "$1" in
         --rehearse) REHEARSE="--rehearse" ;;
         --steps) STEPS="$2"; shift ;;
         --steps=*) STEPS="${1#--steps=}" ;;
-        *) echo "usage: bash tools/gpu_check.sh [--rehearse] [--steps $ALL_STEPS]" >&2
+        *) echo "usage: bash tools/gpu_check.sh [--rehearse] [--steps $ALL_STEPS,$OWN_CALL_STEPS]" >&2
            exit 2 ;;
     esac
     shift
@@ -84,7 +88,7 @@ install_bitsandbytes() {
     fi
 }
 
-for name in ${ALL_STEPS//,/ }; do
+for name in ${ALL_STEPS//,/ } ${OWN_CALL_STEPS//,/ }; do
     if wanted "$name"; then : > "$OUT/$name.txt"; fi
 done
 # a rerun of some steps appends their records; the summary reads each step's latest
@@ -104,6 +108,8 @@ step tree_verify 50 "$PY" tools/gpu_check.py tree-verify $REHEARSE --out "$OUT"
 step draft 140 "$PY" tools/gpu_check.py draft $REHEARSE --out "$OUT"
 step trees 100 "$PY" tools/gpu_check.py trees $REHEARSE --out "$OUT"
 step draft_4bit 140 "$PY" tools/gpu_check.py draft_4bit $REHEARSE --out "$OUT"
+step compiled 560 "$PY" tools/gpu_check.py compiled $REHEARSE --out "$OUT"
+step placement 300 "$PY" tools/gpu_check.py placement $REHEARSE --out "$OUT"
 
 log "summary (total $((SECONDS - START))s)"
 timeout 15 "$PY" tools/gpu_check_summary.py $REHEARSE --out "$OUT" --status "$STATUS" > "$OUT/summary.txt" 2>&1

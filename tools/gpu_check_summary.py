@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 STEPS = ("environment", "kernel_tests", "tree_verify", "draft", "trees", "draft_4bit")
+OWN_CALL_STEPS = ("compiled", "placement")  # each run in a call of its own (--steps compiled)
 BENCH_STEPS = {"draft": "target + draft", "trees": "target + EAGLE-3 draft + Medusa heads",
                "draft_4bit": "target + the draft in 4 bits (bitsandbytes NF4)"}
 TIMED_OUT = (124, 137)  # timeout's codes: the limit was reached (137: killed after it)
@@ -49,7 +50,7 @@ def pytest_line(out: Path) -> str:
 
 def step_lines(out: Path, status: dict[str, tuple[int, int]]) -> list[str]:
     cells = []
-    for name in STEPS:
+    for name in STEPS + tuple(name for name in OWN_CALL_STEPS if name in status):
         if name not in status:
             cells.append(f"{name} not run")
             continue
@@ -57,7 +58,8 @@ def step_lines(out: Path, status: dict[str, tuple[int, int]]) -> list[str]:
         state = "ok" if rc == 0 else ("OUT OF TIME" if rc in TIMED_OUT else f"FAILED rc={rc}")
         extra = f": {pytest_line(out)}" if name == "kernel_tests" else ""
         cells.append(f"{name} {state} {seconds}s{extra}")
-    return ["steps: " + " | ".join(cells[:3]), "       " + " | ".join(cells[3:])]
+    return ["steps: " + " | ".join(cells[:3]), "       " + " | ".join(cells[3:6])] + \
+        (["       " + " | ".join(cells[6:])] if cells[6:] else [])
 
 
 def machine_line(environment: dict | None) -> str:
@@ -112,6 +114,31 @@ def decoding_lines(records: dict) -> list[str]:
                 f"{_cell(row.get('predicted_speedup'), '.2f', 'x'):>9} {_cell(row.get('acceptance_rate'), '.0%'):>7} "
                 f"{_cell(row.get('tokens_per_step'), '.2f'):>8} {_cell(row['equal_to_vanilla'], '.0%'):>6} "
                 f"{_cell(count.get('implicit'), '.1f'):>10} {_cell(count.get('explicit'), '.1f'):>6}")
+    return lines
+
+
+def own_call_lines(records: dict) -> list[str]:
+    """The compiled step (each mode against transformers' compiled plain decoding, which is against its eager one)
+    and the placement step (speculation on a target half offloaded), where they ran."""
+    lines = []
+    compiled = records.get("compiled")
+    if compiled:
+        eager = [row for row in ((compiled.get("eager") or {}).get("rows") or [])
+                 if row["mode"] == "vanilla" and row["category"] == "all"]
+        rows = [row for row in ((compiled.get("bench") or {}).get("rows") or []) if row["category"] == "all"]
+        vanilla = next((row for row in rows if row["mode"] == "vanilla"), None)
+        if eager and vanilla:
+            lines.append(f"-- compiled: vanilla compiled {vanilla['tokens_per_s']:.2f} tok/s against eager "
+                         f"{eager[0]['tokens_per_s']:.2f} ({vanilla['tokens_per_s'] / eager[0]['tokens_per_s']:.2f}x)")
+        lines += [f"{row['mode']:<18} {row['tokens_per_s']:>7.2f} {_cell(row['speedup'], '.2f', 'x'):>8} vs compiled "
+                  f"vanilla, equal {_cell(row['equal_to_vanilla'], '.0%')}" for row in rows if row["mode"] != "vanilla"]
+    placement = records.get("placement")
+    if placement:
+        rows = [row for row in ((placement.get("bench") or {}).get("rows") or []) if row["category"] == "all"]
+        lines.append(f"-- placement: half the target's layers offloaded to {placement.get('offloaded_to')}, plain "
+                     f"output {'equal' if placement.get('equal_to_unplaced') else 'DIFFERENT'} to the unplaced target")
+        lines += [f"{row['mode']:<18} {row['tokens_per_s']:>7.2f} {_cell(row['speedup'], '.2f', 'x'):>8}, equal "
+                  f"{_cell(row['equal_to_vanilla'], '.0%')}" for row in rows if row["mode"] != "vanilla"]
     return lines
 
 
@@ -174,7 +201,7 @@ def summary(out: Path, status: str, rehearse: bool) -> str:
     noise = [row for step in BENCH_STEPS for row in (((records.get(step) or {}).get("bench") or {}).get("rows")
              or []) if row["mode"] == "vanilla-again" and row["category"] == "all"]
     lines = [title, machine_line(records.get("environment")), *step_lines(out, parse_status(status)),
-             tree_verify_line(records.get("tree_verify")), *decoding_lines(records),
+             tree_verify_line(records.get("tree_verify")), *decoding_lines(records), *own_call_lines(records),
              "noise floor (vanilla-again): " + (", ".join(f"{row['speedup']:.3f}x" for row in noise) or "-"),
              *sync_site_lines(records), *costs_line(records), *memory_lines(records), four_bit_line(records),
              *error_lines(records),
