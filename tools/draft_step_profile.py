@@ -79,10 +79,11 @@ def build_forms(draft, names: list[str], group_sizes: list[int], vocab: int) -> 
 
 
 def default_forms(group_sizes: list[int]) -> list[str]:
-    names = ["loaded/sdpa", "int8+subset/sdpa", "int8+subset/few"]
-    for group in group_sizes:
-        names += [f"int4-g{group}/sdpa", f"int4-g{group}/few", f"int4-g{group}+subset/few"]
-    return names
+    """As loaded, the int8 default before int4 (with each attention), and int4 in the first group size (the
+    package's) with each attention and with the subset."""
+    group = group_sizes[0]
+    return ["loaded/sdpa", "int8+subset/sdpa", "int8+subset/few", f"int4-g{group}/sdpa", f"int4-g{group}/few",
+            f"int4-g{group}+subset/few"]
 
 
 # ---- profiling by part -------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ VOCAB_SIZES = (8192, 16384, 32768, 65536)  # the subset sizes tried, smallest fi
 MIN_COVERAGE = 0.9  # of the reference text's tokens, by the kept ids
 MIN_SAVING = 0.1  # where acceptance cannot be measured (no shared tokenizer): a cheaper form saves this much of a step
 CONTEXT = 64  # tokens in the draft's cache when a step is timed
+ATTENTION_CONTEXT = 256  # ... when its attention is timed: what it costs grows with the cache
 REFERENCE_TOKENS = 256  # tokens of reference text the forms' acceptance is measured on
 K_MAX = 7  # the longest chain a form's rate is predicted for (the target verifies k + 1 <= 8 tokens)
 TARGET_WIDTHS = (1, 2, 4, 8)  # the target's forward widths timed; others interpolated
@@ -164,13 +165,14 @@ def sharing_weights(model):
 
 def choose_attention(weights: dict[str, object]) -> str | None:
     """On a CPU, every model of ``weights`` attends with ``few_query_attention`` where that times faster for a draft
-    token than the attention it was loaded with (timed on the first); returns why, or None (not tried)."""
-    first = next(iter(weights.values()))
-    if first.device.type != "cpu" or uses_few_query_attention(first):
+    token than the attention it was loaded with (timed on the last, the cheapest, where attention weighs the most,
+    after ``ATTENTION_CONTEXT`` tokens); returns why, or None (not tried)."""
+    model = list(weights.values())[-1]
+    if model.device.type != "cpu" or uses_few_query_attention(model):
         return None
-    current = first.config._attn_implementation
-    trial = with_few_query_attention(sharing_weights(first))
-    seconds = forward_seconds_by_model({"loaded": (first, None), "few": (trial, None)}, CONTEXT)
+    current = model.config._attn_implementation
+    trial = with_few_query_attention(sharing_weights(model))
+    seconds = forward_seconds_by_model({"loaded": (model, None), "few": (trial, None)}, ATTENTION_CONTEXT)
     verdict = (f"a draft token {seconds['few'] * 1e3:.1f} ms with few-query attention, "
                f"{seconds['loaded'] * 1e3:.1f} with {current}")
     if seconds["few"] >= seconds["loaded"]:
