@@ -63,6 +63,8 @@ def test_eos_inside_an_accepted_run(target, drafts, prompt):
     for k in (2, 7):
         out = speculative(target, prompt, drafts["always"], k, max_new_tokens=NEW_TOKENS, eos_token_id=[2, eos])
         assert torch.equal(out, expected)
+        stats = hf_spec.last_stats()  # the tokens after eos were accepted but never came: not counted
+        assert stats.accepted + stats.bonus == stats.new_tokens == first + 1
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])

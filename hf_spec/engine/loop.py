@@ -198,11 +198,14 @@ class _Decoding:
                                    r, call.batch_size)
             accepted, bonus = self.acceptance(row, scores)
             path = [0, *accepted]  # the score row of each new token is its parent's block index
-            self.row_stats[r].record_step(_proposed_depth(row, accepted), len(accepted), proposal.k)
             self.confidence.append(scores[path].softmax(-1).amax(-1).tolist())
             new_tokens = torch.cat([row.tokens[0, [i - 1 for i in accepted]], bonus.view(1)])
+            before = self.rows[r].shape[1]
             self.rows[r], self.finished[r] = _commit(self.rows[r], new_tokens, scores[path], logits[r, path],
                                                      call.stopping_criteria, self.recorder, call.streamer)
+            made = self.rows[r].shape[1] - before  # fewer than accepted + 1 where the row stopped inside the run
+            self.row_stats[r].record_step(_proposed_depth(row, accepted), min(len(accepted), made), proposal.k,
+                                          bonus=made - min(len(accepted), made))
             kept.append(path)
             accepted_counts.append(len(accepted))
         return kept, accepted_counts

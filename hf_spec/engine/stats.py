@@ -121,13 +121,14 @@ class SpecStats:
         Unlike ``tokens_per_step``, steps that proposed nothing do not pull it down."""
         return 1 + self.accepted / self.num_drafts if self.num_drafts else 1.0
 
-    def record_step(self, num_proposed: int, num_accepted: int, size: int | None = None) -> None:
+    def record_step(self, num_proposed: int, num_accepted: int, size: int | None = None, bonus: int = 1) -> None:
         """Count one verification step whose proposal of ``num_proposed`` (a tree: the depth of the chosen path)
-        kept ``num_accepted``; ``size``: the number of tokens proposed, when that differs (a tree's nodes)."""
+        kept ``num_accepted``; ``size``: the number of tokens proposed, when that differs (a tree's nodes);
+        ``bonus``: 0 where the row stopped inside the accepted run (the bonus token never came)."""
         self.steps += 1
         self.proposed += num_proposed
         self.accepted += num_accepted
-        self.bonus += 1
+        self.bonus += bonus
         self.k_per_step.append(num_proposed if size is None else size)
         missing = num_proposed - len(self.proposed_by_position)
         if missing > 0:
