@@ -48,7 +48,7 @@ CONTEXT = 64  # tokens in the draft's cache when a step is timed
 ATTENTION_CONTEXT = 256  # ... when its attention is timed: what it costs grows with the cache
 REFERENCE_TOKENS = 256  # tokens of reference text the forms' acceptance is measured on
 K_MAX = 7  # the longest chain a form's rate is predicted for (the target verifies k + 1 <= 8 tokens)
-TARGET_WIDTHS = (1, 2, 4, 8)  # the target's forward widths timed; others interpolated
+TARGET_WIDTHS = (1, 4, 8)  # the target's forward widths timed (twice each, after a warm-up); others interpolated
 AS_LOADED = "as loaded"
 WEIGHT_FORMS = {AS_LOADED: None, "int8": INT8_WEIGHT_ONLY, "int4": INT4_WEIGHT_ONLY}  # label -> draft_quantization
 
@@ -282,7 +282,7 @@ def target_choices(target, ids: torch.LongTensor) -> torch.LongTensor:
 
 def target_step_seconds(target) -> dict[int, float]:
     """The target's time for one forward of w tokens, w in ``TARGET_WIDTHS``, on a cache of ``CONTEXT``."""
-    return forward_seconds_by_width(target, CONTEXT, dict.fromkeys(TARGET_WIDTHS), repeats=3)
+    return forward_seconds_by_width(target, CONTEXT, dict.fromkeys(TARGET_WIDTHS), repeats=2)
 
 
 def draft_choices(model, ids: torch.LongTensor, sizes: list[int | None]) -> dict[int | None, torch.LongTensor]:
