@@ -204,8 +204,10 @@ class _Decoding:
             self.rows[r], self.finished[r] = _commit(self.rows[r], new_tokens, scores[path], logits[r, path],
                                                      call.stopping_criteria, self.recorder, call.streamer)
             made = self.rows[r].shape[1] - before  # fewer than accepted + 1 where the row stopped inside the run
-            self.row_stats[r].record_step(_proposed_depth(row, accepted), min(len(accepted), made), proposal.k,
-                                          bonus=made - min(len(accepted), made))
+            if made > len(accepted):
+                self.row_stats[r].record_step(_proposed_depth(row, accepted), len(accepted), proposal.k)
+            else:  # the proposals after the stop were neither kept nor judged, and no bonus token came
+                self.row_stats[r].record_step(made, made, proposal.k, bonus=0)
             kept.append(path)
             accepted_counts.append(len(accepted))
         return kept, accepted_counts
