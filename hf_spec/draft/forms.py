@@ -28,7 +28,7 @@ import copy
 import functools
 import json
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -98,7 +98,6 @@ class Measured:
     agreement: float | None = None
     rate: float = 0.0
     k: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def choose_form(draft, target, request, vocab_auto: bool, tokenizer, shares_ids: bool = True,
@@ -120,7 +119,7 @@ def choose_form(draft, target, request, vocab_auto: bool, tokenizer, shares_ids:
                                      _whole_vocabulary(vocab_auto, shares_ids, coverage_note))
     reference = target_reference(target, tokenizer) if shares_ids and tokenizer is not None else None
     if reference is None:
-        return cheapest(candidates, attention, request)
+        return cheapest(candidates, attention)
     measured = measure(candidates, reference)
     best = max(candidates, key=lambda c: measured[c.name].rate)
     why = predicted_reason(best, candidates, measured, reference)
@@ -268,7 +267,8 @@ def reference_ids(tokenizer) -> torch.LongTensor | None:
             continue
         seen.add(record.get("category"))
         reference = record.get("reference") or []
-        texts.append("\n".join(text for text in [*record.get("turns", [])[:1], *reference[:1]] if isinstance(text, str)))
+        first = [*record.get("turns", [])[:1], *reference[:1]]
+        texts.append("\n".join(text for text in first if isinstance(text, str)))
     ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"][:REFERENCE_TOKENS]
     return torch.tensor([ids]) if len(ids) > 1 else None
 
@@ -345,7 +345,7 @@ def predicted_reason(best: Candidate, candidates: list[Candidate], measured: dic
     return head + ("; against " + ", ".join(others) if others else "")
 
 
-def cheapest(candidates: list[Candidate], attention: str | None, request) -> tuple[object, DraftForm]:
+def cheapest(candidates: list[Candidate], attention: str | None) -> tuple[object, DraftForm]:
     """Where acceptance cannot be measured (the draft has its own tokenizer): the whole vocabulary, the cheapest
     weights that save ``MIN_SAVING`` of a draft token against the first (as loaded)."""
     whole = [c for c in candidates if c.vocab_size is None]

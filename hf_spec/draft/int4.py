@@ -139,7 +139,8 @@ class Int4WeightOnlyLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
     def values(self, blocks: torch.Tensor | None = None) -> torch.Tensor:
-        """The stored values 0..15 [rows, in_features] (uint8): all padded rows, or those of ``blocks`` (``_unpack``)."""
+        """The stored values 0..15 [rows, in_features] (uint8): all padded rows, or those of ``blocks``
+        (``_unpack``)."""
         return _unpack(self.weight_int4pack, self.padded_rows, self.in_features, blocks)
 
     def dequantized_transposed(self, dtype: torch.dtype) -> torch.Tensor:
