@@ -32,8 +32,8 @@ GROUP_SIZE = 32  # input entries per scale and zero. Measured on the 0.5B Qwen d
 # --study groups): its top choice equals the bf16 draft's on 85% of 2,048 tokens of text in groups of 32, 82% in 64,
 # 76% in 128, for a kernel about 5% slower than in 128 (the scales' bytes)
 DEQUANTIZE_FROM_ROWS = 64  # measured on a 2-core EPYC (bf16, groups of 32, the 0.5B's widths, tools/
-# draft_step_profile.py --study threshold): the kernel's time grows with the rows (a 896 x 4,864 layer: 0.8 ms at 8,
-# 6.6 at 64, 13 at 128), the dequantized matmul's from a pass over the weight (4.5 ms at 8, 6.7 at 64, 9.4 at 128)
+# draft_step_profile.py --study threshold): the kernel's time grows with the rows (a 896 x 4,864 layer: 0.42 ms at 8,
+# 3.3 at 64, 6.5 at 128), the dequantized matmul's from a pass over the weight (2.2 ms at 8, 3.4 at 64, 4.5 at 128)
 ROW_BLOCK = 16  # the kernel's output rows come in multiples of this
 _PACK_BLOCK = 64  # the CPU packing stores rows in blocks of 64: see _unpack
 _INNER_K_TILES = 2  # the packing's argument; the CPU layout does not depend on it
