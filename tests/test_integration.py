@@ -77,7 +77,7 @@ def _generate(target, prompt, **kwargs):
         ({"num_speculative_tokens": "many"}, "num_speculative_tokens must be an int >= 1"),
         ({"num_beams": 2}, "does not combine with beam search"),
         ({"num_return_sequences": 2, "do_sample": True}, "repeat the prompt in the batch instead"),
-        ({"cache_implementation": "static"}, "needs a KV cache that can roll back"),
+        ({"cache_implementation": "offloaded"}, "needs a KV cache that can roll back"),
         ({"stop_strings": ["x"]}, "stop_strings need the target's tokenizer"),
         ({"return_dict_in_generate": True, "output_attentions": True}, "do not return attentions"),
         ({"custom_generate": lambda *a, **k: None}, "either strategy= or custom_generate="),
