@@ -163,7 +163,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     model = path_action(model_source)
     parser.add_argument("--target", action=model, help="target model (Hub id or path)")
     parser.add_argument("--draft", action=model, help="draft model (Hub id or path), for the assisted and draft modes")
-    parser.add_argument("--draft-quantization", choices=["auto", "none", "4bit", "8bit", "int8_weight_only"],
+    parser.add_argument("--draft-quantization", choices=["auto", "none", "4bit", "8bit", "int8_weight_only", "int4_weight_only"],
                         default="auto",
                         help="the form of the draft every draft mode runs (assisted@k gets the same object): auto "
                              "(default, what a user gets: int8 weights where they time faster here), none (as "
