@@ -53,6 +53,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         widths = [k + 1 for k in ks] + [nodes + 1 for nodes in tree_nodes.values()]
         # a parallel draft's forward at k: the k - 1 masks and 1 to k + 1 tokens it lacks (interpolated between)
         parallel = [w for k in ks for w in (k, 2 * k)] if any(n.startswith("parallel@") for n in names) else []
+        if ranks_path:  # the trees simulate judges: wide verifications, and a tree level's draft forward
+            widths, parallel = [*widths, 8, 12, 16, 24, 32], [*parallel, 4, 8]
         costs = calibrate(contenders.target, contenders.draft, prompt_length, max_new_tokens, widths,
                           draft_head=draft_head(contenders), draft_widths=parallel)
     references = None
