@@ -83,7 +83,7 @@ def test_a_restricted_int4_layer_scores_its_rows_as_the_whole_does():
 
 def test_layers_the_kernel_does_not_support_are_kept_and_counted(monkeypatch, caplog):
     model = tiny_causal_lm("llama", hidden_size=64)  # input width 64: no group of 128; down_proj is 128 wide in
-    with caplog.at_level(logging.INFO, logger="hf_spec.draft.int4"):
+    with caplog.at_level(logging.INFO, logger="hf_spec.draft.int8"):  # the shared replacement logs
         quantize_int4_weight_only(model, group_size=128)
     layer = model.model.layers[0]
     assert type(layer.self_attn.q_proj) is nn.Linear and type(layer.mlp.up_proj) is nn.Linear

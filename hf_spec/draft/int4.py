@@ -20,12 +20,10 @@ padded with zero rows, which its output drops.
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from .int8 import replace_linear_layers
 
 INT4_WEIGHT_ONLY = "int4_weight_only"
 GROUP_SIZE = 32  # input entries per scale and zero. Measured on the 0.5B Qwen draft (bf16, tools/draft_step_profile.py
@@ -216,12 +214,8 @@ def kernel_agrees(layer: Int4WeightOnlyLinear, dtype: torch.dtype) -> bool:
 def quantize_int4_weight_only(model: nn.Module, group_size: int = GROUP_SIZE) -> nn.Module:
     """Replace, in place, the linear layers of ``model``'s decoder and its output layer by int4 ones where the
     kernel supports them (see the module docstring); returns the model."""
-    if model.device.type != "cpu":
-        raise ValueError(f"draft_quantization='{INT4_WEIGHT_ONLY}' uses torch's CPU kernel; the draft is on "
-                         f"{model.device}. Use '4bit' or '8bit' (bitsandbytes) there.")
     output = model.get_output_embeddings()
     agrees: dict[tuple[int, int], bool] = {}
-    kept = 0
 
     def quantized(linear: nn.Linear) -> Int4WeightOnlyLinear | None:
         if linear.in_features % group_size:
@@ -232,22 +226,4 @@ def quantize_int4_weight_only(model: nn.Module, group_size: int = GROUP_SIZE) ->
             agrees[shape] = kernel_agrees(layer, linear.weight.dtype)
         return layer if agrees[shape] else None
 
-    for parent in list(model.base_model.modules()):
-        for name, child in list(parent.named_children()):
-            if not isinstance(child, nn.Linear) or child is output:
-                continue
-            layer = quantized(child)
-            if layer is None:
-                kept += 1
-            else:
-                setattr(parent, name, layer)
-    head = quantized(output) if isinstance(output, nn.Linear) else None
-    if head is None:
-        kept += 1
-    else:
-        model.set_output_embeddings(head)
-    model.hf_spec_quantization = INT4_WEIGHT_ONLY  # "auto" keeps its costs apart from the full-precision draft's
-    if kept:
-        logger.info("int4 weight-only: %d linear layers kept in %s (widths the kernel does not support)", kept,
-                    model.dtype)
-    return model
+    return replace_linear_layers(model, INT4_WEIGHT_ONLY, quantized, output_layer=True)

@@ -67,26 +67,46 @@ def _kernel_agrees(layer: Int8WeightOnlyLinear, dtype: torch.dtype) -> bool:
 def quantize_int8_weight_only(model: nn.Module) -> nn.Module:
     """Replace, in place, the linear layers of ``model``'s decoder (not its output layer) by int8 ones where the
     kernel supports them (see the module docstring); returns the model."""
-    if model.device.type != "cpu":
-        raise ValueError(f"draft_quantization='{INT8_WEIGHT_ONLY}' uses torch's CPU kernel; the draft is on "
-                         f"{model.device}. Use '4bit' or '8bit' (bitsandbytes) there.")
-    output = model.get_output_embeddings()
     agrees: dict[tuple[int, int], bool] = {}
+
+    def quantized(linear: nn.Linear) -> Int8WeightOnlyLinear | None:
+        if linear.in_features % 64:
+            return None
+        layer = Int8WeightOnlyLinear(linear)
+        shape = (linear.in_features, linear.out_features)
+        if shape not in agrees:
+            agrees[shape] = _kernel_agrees(layer, linear.weight.dtype)
+        return layer if agrees[shape] else None
+
+    return replace_linear_layers(model, INT8_WEIGHT_ONLY, quantized)
+
+
+def replace_linear_layers(model: nn.Module, form: str, quantized, output_layer: bool = False) -> nn.Module:
+    """Replace, in place, each linear layer of ``model``'s decoder (and with ``output_layer`` its output layer) by
+    ``quantized(layer)`` where that gives one (a layer the kernel does not take gives None and stays as it was,
+    counted in the log); mark the model with its weights' ``form`` ("auto" keeps its costs apart); returns the
+    model. The kernels are torch's CPU ones: a draft elsewhere is refused."""
+    if model.device.type != "cpu":
+        raise ValueError(f"draft_quantization='{form}' uses torch's CPU kernel; the draft is on {model.device}. "
+                         "Use '4bit' or '8bit' (bitsandbytes) there.")
+    output = model.get_output_embeddings()
     kept = 0
     for parent in list(model.base_model.modules()):
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear) or child is output:
                 continue
-            quantized = Int8WeightOnlyLinear(child) if child.in_features % 64 == 0 else None
-            shape = (child.in_features, child.out_features)
-            if quantized is not None and shape not in agrees:
-                agrees[shape] = _kernel_agrees(quantized, child.weight.dtype)
-            if quantized is not None and agrees[shape]:
-                setattr(parent, name, quantized)
-            else:
+            layer = quantized(child)
+            if layer is None:
                 kept += 1
-    model.hf_spec_quantization = INT8_WEIGHT_ONLY  # "auto" keeps its costs apart from the full-precision draft's
+            else:
+                setattr(parent, name, layer)
+    if output_layer:
+        head = quantized(output) if isinstance(output, nn.Linear) else None
+        if head is None:
+            kept += 1
+        else:
+            model.set_output_embeddings(head)
+    model.hf_spec_quantization = form
     if kept:
-        logger.info("int8 weight-only: %d linear layers kept in %s (widths the kernel does not support)", kept,
-                    model.dtype)
+        logger.info("%s: %d linear layers kept in %s (widths the kernel does not support)", form, kept, model.dtype)
     return model
