@@ -10,6 +10,7 @@ import hf_spec
 from hf_spec.engine.loop import compiled_graphs
 from hf_spec.engine.runner import STEP_WIDTHS, _padded_block
 from hf_spec.medusa import MedusaHeads
+from test_static_cache import eagle_draft
 
 NEW_TOKENS = 24
 
@@ -35,6 +36,10 @@ STRATEGIES = {
     "prompt lookup": lambda target, drafts: {"strategy": "prompt_lookup"},
     "medusa": lambda target, drafts: {"strategy": "medusa", "medusa_heads": MedusaHeads.for_model(target, 3),
                                       "tree": [[0], [1], [0, 0]]},
+    "eagle": lambda target, drafts: {"strategy": "eagle", "eagle_model": eagle_draft(target),
+                                     "num_speculative_tokens": 6, "tree_depth": 3, "tree_top_k": 2},
+    "eagle static tree": lambda target, drafts: {"strategy": "eagle", "eagle_model": eagle_draft(target),
+                                                 "tree": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]},
 }
 
 
@@ -56,12 +61,40 @@ def test_compiled_steps_decode_like_plain_generate_and_are_counted(target, draft
     assert stats.compile_s + stats.prefill_s + stats.propose_s + stats.verify_s <= stats.total_s
 
 
-def test_a_64_token_auto_call_compiles_a_handful_of_graphs(target, drafts, prompt):
+@pytest.mark.parametrize("strategy", ["eagle", "eagle static tree"])
+def test_the_eagle_drafts_steps_compile_and_its_prompt_does_not(target, drafts, tokenizer, strategy, monkeypatch):
+    """The EAGLE draft's tree levels and its catch-ups of a step's entries run compiled, a handful of shapes; its
+    catch-up on the prompt runs eagerly (one shape per prompt would compile a graph per call)."""
+    from hf_spec.eagle.proposer import EagleProposer
+
+    shapes = {True: set(), False: set()}  # compiled or not: the blocks fed, (width, from the target, logits kept)
+    feed = EagleProposer._feed
+
+    def recording(self, tokens, features, attention, positions, from_target, logits_to_keep=0):
+        compiled = self._step_call is not None and tokens.shape[1] <= max(self.step_entries, self.top_k)
+        shapes[compiled].add((tokens.shape[1], from_target, logits_to_keep))
+        return feed(self, tokens, features, attention, positions, from_target, logits_to_keep)
+
+    monkeypatch.setattr(EagleProposer, "_feed", recording)
+    prompt = tokenizer("def fib(n): return fib(n - 1) + fib(n", return_tensors="pt")
+    before = compiled_graphs()
+    out = plain(target, prompt, cache_implementation="static", compile_config=compile_config(),
+                **STRATEGIES[strategy](target, drafts))
+    assert torch.equal(out, plain(target, prompt))
+    assert shapes[True] and max(width for width, _, _ in shapes[False]) >= prompt["input_ids"].shape[1] - 1
+    target_graphs = len({w for w in STEP_WIDTHS if w <= 8})  # the target's verification widths, at most
+    assert 0 < compiled_graphs() - before <= target_graphs + len(shapes[True])  # a graph a shape: none recompiled
+
+
+def test_a_64_token_auto_call_compiles_a_handful_of_graphs(target, drafts, prompt, forward_clock):
     """k changes from step to step; the padded widths (1, 2, 4, 8) keep the shapes few: at most a handful of graphs,
-    counted by torch itself, and a second call adds at most one (a width the first did not take)."""
+    counted by torch itself, and a second call adds at most one (a width the first did not take). On a clock only
+    forwards move (a target forward 0.1 s, a draft's 0.01 s), so that the k chosen do not depend on the machine's
+    load, and each call starts afresh (``cache_costs=False``): what earlier tests taught the pair does not enter."""
+    forward_clock(lambda model, tokens, now: 0.1 if model.model is target else 0.01)
     settings = dict(do_sample=False, max_new_tokens=64, min_new_tokens=64, strategy="draft",
-                    draft_model=drafts["partly"], num_speculative_tokens="auto", cache_implementation="static",
-                    compile_config=compile_config())
+                    draft_model=drafts["partly"], num_speculative_tokens="auto", cache_costs=False,
+                    cache_implementation="static", compile_config=compile_config())
     before = compiled_graphs()
     target.generate(**prompt, **settings)
     first = hf_spec.last_stats()

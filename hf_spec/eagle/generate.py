@@ -113,6 +113,6 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     schedule = LENGTH.schedule(num_speculative_tokens, auto, fixed=None if paths is None else len(paths))
     proposer = EagleProposer(draft, model, call.padding_mask, call.batch_size, tree_depth, tree_top_k, confidence,
                              paths, head=None if token_map is None else token_map.head_of(model),
-                             cache_capacity=call.cache_capacity)
+                             cache_capacity=call.cache_capacity, compile_config=call.compile_config)
     return speculative_generate(call, proposer, schedule, Acceptance(call.do_sample, tree_rules=verifier), verifier,
                                 choices={"draft form": vocabulary})

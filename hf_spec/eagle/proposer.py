@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
-from ..engine.cache import new_cache, rollback
+from ..engine.cache import new_cache, rollback, static_capacity
 from ..engine.dynamic_tree import TreeConfidence, best_trees, grow_dynamic, grow_static
 from ..engine.proposer import Proposal
 from ..engine.timing import elapsed
@@ -30,14 +30,21 @@ class EagleProposer:
     call returns.
     ``head``: what scores an EAGLE-1/2 draft's outputs (default: the target's output layer; ``TokenMap.head_of``
     scores a subset of its ids, -inf elsewhere). An EAGLE-3 draft scores with its own.
+    Compiled steps (``compile_config``, where plain generate() would compile its decoding steps; the cache is then
+    static, so a block's attention spans every slot and its shape is the block's alone): the tree's levels and the
+    catch-ups of a step's own entries run through ``torch.compile`` of the draft's call, with the config's options
+    (transformers' ``get_compiled_call`` does the same for a model); a shape per level width and per catch-up width
+    (at most ``step_entries``), so a handful of graphs. A wider catch-up (the prompt, or plain steps) runs eagerly.
     """
 
     name = "eagle"
 
     def __init__(self, draft: EagleDraft, target, padding_mask: torch.Tensor | None, batch_size: int = 1,
                  tree_depth: int = 5, tree_top_k: int = 8, confidence: TreeConfidence | None = None,
-                 static_tree: list[tuple[int, ...]] | None = None, head=None, cache_capacity: int | None = None):
+                 static_tree: list[tuple[int, ...]] | None = None, head=None, cache_capacity: int | None = None,
+                 compile_config=None):
         self.draft, self.depth, self.top_k = draft, tree_depth, tree_top_k
+        self._step_call = None if compile_config is None else torch.compile(draft.__call__, **compile_config.to_dict())
         self.static_tree = static_tree  # paths of draft ranks (as Medusa's trees), instead of the dynamic tree
         self._static_buffers: dict[int, TreeBuffers] = {}
         # the most entries a step after a proposal feeds: the root and its accepted path
@@ -141,8 +148,12 @@ class EagleProposer:
         if window is not None:  # e.g. window 2: a query at position 7 attends keys at positions 6 and 7
             keys = torch.cat([self.valid.long().cumsum(-1) - 1, self.tree_positions, positions], dim=-1)
             attention = attention & (positions[:, :, None] - keys[:, None, :] < window)
-        out = self.draft(tokens, features, positions, attention, self.cache, self.embedding, self.head,
-                         from_target=from_target, logits_to_keep=logits_to_keep)
+        call = self.draft
+        if self._step_call is not None and n <= max(self.step_entries, self.top_k):  # every slot: a shape a width
+            call, features = self._step_call, features.contiguous()  # a tree level's may be a view or expanded
+            attention = torch.nn.functional.pad(attention, (0, static_capacity(self.cache) - attention.shape[-1]))
+        out = call(tokens, features, positions, attention, self.cache, self.embedding, self.head,
+                   from_target=from_target, logits_to_keep=logits_to_keep)
         if not from_target:
             self.tree_positions = torch.cat([self.tree_positions, positions], dim=-1)
         return out
