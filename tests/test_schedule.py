@@ -6,10 +6,10 @@ import torch
 
 import hf_spec
 import hf_spec.engine.stats
-from hf_spec.engine.auto import AutoLength
+from hf_spec.engine.auto import AutoLength, ProbeBudget
 from hf_spec.engine.estimates import AnswerLengths, ConfidenceCalibration
 from hf_spec.engine.costs import Costs
-from hf_spec.engine.schedule import StepwiseLength
+from hf_spec.engine.schedule import FixedLength, StepwiseLength
 
 # measured on this CPU (GUIDE 6 and the bench): verifying w tokens of the 1.5B, the 0.5B draft per token
 CPU = {1: 0.375, 2: 0.763, 4: 0.77, 6: 0.83, 9: 0.95}
@@ -263,6 +263,41 @@ def test_simulated_auto_is_close_to_the_best_fixed_k():
             assert row["auto_vs_best"] >= 0.9 and row["auto_worst_vs_best"] >= 0.9, row
             if row["best_fixed_k"] > 0 and row["best_fixed"] > 1.1 * row["plain"]:
                 assert max(row["auto_k_histogram"], key=row["auto_k_histogram"].get) > 0, row
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_auto_that_a_first_text_made_pessimistic_recovers_through_probes(seed):
+    """A process's first texts are ones the draft fails on (acceptance 0.05), the next eight ones it foresees (0.9),
+    and the target is as confident in both (its confidence cannot tell them apart): every record "auto" keeps says
+    plain after the first, and learns only from steps that speculate. Simulated time, bf16 CPU costs. Without
+    probes (a budget of nothing) it decodes plainly to the end; with them it speculates, ahead of a fixed k = 3."""
+    from hf_spec.bench.simulate import CURVES, simulate_calls
+
+    verify, draft_token = CURVES["cpu-bf16"]
+    texts = [0.05, 0.05] + [0.9] * 8
+
+    def rate(schedule):
+        return simulate_calls(schedule, verify, draft_token, texts, 64, confidence=0.9, seed=seed)
+
+    k3, _ = rate(FixedLength(3))
+    locked, histogram = rate(AutoLength(Costs(), ConfidenceCalibration(), budget=ProbeBudget(share=0.0)))
+    assert histogram[0] > 0.95 * sum(histogram.values()) and locked < k3
+    probing, _ = rate(AutoLength(Costs(), ConfidenceCalibration()))
+    assert probing > max(k3, 1.15 * locked)
+
+
+def test_probes_cost_at_most_their_share_of_plain_decoding_where_nothing_pays():
+    """A draft that is never right, float32 CPU costs (verifying 4 tokens costs twice one): probes take no more than
+    the budget's 2% of the time plain decoding took (simulated time)."""
+    from hf_spec.bench.simulate import CURVES, simulate_calls
+
+    verify, draft_token = CURVES["cpu"]
+    rates = {share: simulate_calls(AutoLength(Costs(), ConfidenceCalibration(), budget=ProbeBudget(share=share)),
+                                   verify, draft_token, [0.0] * 13, 64)
+             for share in (0.0, 0.02)}
+    (without, _), (with_probes, histogram) = rates[0.0], rates[0.02]
+    assert histogram != rates[0.0][1]  # it probed
+    assert with_probes >= without / 1.02
 
 
 def test_stepwise_rule():

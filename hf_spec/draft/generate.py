@@ -211,8 +211,8 @@ def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = Fals
         memory = pair_memory(target, draft, cache_costs, variant="parallel" if parallel else "")
         length = ParallelLength if parallel else AutoLength
         return length(memory.costs, memory.calibration_for(do_sample),
-                          draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
-                          realised=memory.realised_for(do_sample), runs=memory.runs_for(do_sample),
-                          lengths=memory.answer_lengths)
+                      draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
+                      realised=memory.realised_for(do_sample), runs=memory.runs_for(do_sample),
+                      lengths=memory.answer_lengths, budget=memory.probe_budget)
 
     return LENGTH.schedule(num_speculative_tokens, auto)

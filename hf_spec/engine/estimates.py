@@ -44,7 +44,7 @@ class ConfidenceCalibration:
     def optimistic_rate(self, confidence: float) -> float:
         """The rate plus one standard error (prior included; at most 1): a bin with a short record is taken
         at better than its mean, so one unlucky step does not end speculation there. A bin whose optimistic
-        rate says "plain" gets no new observations, so that verdict stands."""
+        rate says "plain" gets new observations only from probes (``hf_spec.engine.auto.ProbeBudget``)."""
         rate = self.rate(confidence)
         return min(rate + math.sqrt(rate * (1 - rate) / self.seen[self._bin(confidence)]), 1.0)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
-from .auto import ProbeCadence
+from .auto import ProbeBudget, ProbeCadence
 from .costs import Costs
 from .estimates import AnswerLengths, ConfidenceCalibration, PositionSurvival
 from .placement import execution_device
@@ -22,6 +22,7 @@ class PairMemory:
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # dynamic trees (EAGLE, a draft's): a hf_spec.engine.dynamic_tree.TreeConfidence
     probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # Medusa's and EAGLE's auto: plain steps
+    probe_budget: ProbeBudget = field(default_factory=ProbeBudget)  # a chain's auto: what its probes may spend
     lookup_survival: object = None  # prompt lookup's: a hf_spec.lookup.auto.MatchSurvival
     fallback_survival: PositionSurvival = field(default_factory=PositionSurvival)  # a draft's beside the lookup
     answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)
