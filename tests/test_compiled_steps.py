@@ -105,6 +105,19 @@ def test_a_64_token_auto_call_compiles_a_handful_of_graphs(target, drafts, promp
     assert second <= 1 and first.compiled_graphs + second <= 6
 
 
+def test_the_steps_graphs_are_not_cut_off_by_torchs_limit_per_function(target, drafts, tokenizer, monkeypatch):
+    """Every transformers model's forward runs through one wrapper function, so the target's widths, the draft's and
+    plain decoding's graphs share torch's recompile limit (8 by default), past which new shapes run eagerly: the
+    loop raises it by the graphs its steps may add while it decodes, and restores it after."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    prompt = tokenizer("def fib(n): return fib(n - 1) + fib(n", return_tensors="pt")
+    out = plain(target, prompt, cache_implementation="static", compile_config=compile_config(),
+                **STRATEGIES["draft"](target, drafts))
+    assert torch.equal(out, plain(target, prompt))
+    assert hf_spec.last_stats().compiled_graphs > 2  # the target's widths and the draft's, past the limit of 2
+    assert torch._dynamo.config.recompile_limit == 2
+
+
 def test_disable_compile_and_a_cpu_without_the_switch_compile_nothing(target, drafts, prompt):
     common = dict(strategy="draft", draft_model=drafts["partly"], num_speculative_tokens=3,
                   cache_implementation="static")

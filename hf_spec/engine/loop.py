@@ -10,6 +10,7 @@ and trees share every step: a chain is a tree whose nodes each have one child.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -20,7 +21,7 @@ from .cache import check_rollback_supported, new_cache, take_cache
 from .call import DecodingCall
 from .output import OutputRecorder
 from .proposer import Proposal, Proposer
-from .runner import CachedModel, ForwardOutput
+from .runner import STEP_WIDTHS, CachedModel, ForwardOutput
 from .schedule import Schedule
 from .stats import SpecStats, StepTimer, _set_last_stats
 
@@ -34,12 +35,28 @@ def speculative_generate(call: DecodingCall, proposer: Proposer, schedule: Sched
     ``choices``: what the strategy chose for this call and why, kept in the statistics."""
     decoding = _Decoding(call, proposer, schedule, acceptance or Acceptance(call.do_sample), tree_verifier)
     decoding.stats.choices.update(choices or {})
-    k = decoding.prefill()
-    while not decoding.done:
-        decoding.step(k)
-        if not decoding.done:
-            k = schedule.next()
+    with room_for_step_graphs(decoding.compiles):
+        k = decoding.prefill()
+        while not decoding.done:
+            decoding.step(k)
+            if not decoding.done:
+                k = schedule.next()
     return decoding.output()
+
+
+# The graphs a call's compiled steps may add beyond torch's limit per code object. Every transformers model's forward
+# runs through one wrapper function (its decorators'), so the target's step widths, the draft's and plain decoding's
+# own compiled graphs count against one limit (8 by default), past which torch runs each new shape eagerly, warning
+# once (a bench of vanilla and draft@3 in one process on a CPU reached it). The steps compile at most a graph a width
+# of ``STEP_WIDTHS`` each for the target and the draft.
+STEP_GRAPHS = 2 * len(STEP_WIDTHS)
+
+
+def room_for_step_graphs(compiles: bool):
+    """While a call's steps compile: torch's recompile limit raised by ``STEP_GRAPHS`` (restored after)."""
+    if not compiles:
+        return contextlib.nullcontext()
+    return torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit + STEP_GRAPHS)
 
 
 class _Decoding:
@@ -61,6 +78,7 @@ class _Decoding:
         check_capacity(self.capacity, call.generation_config.max_length, f"strategy={proposer.name!r}")
         self.target = CachedModel(call.model, self.cache, batch_size, tree_verifier.compact_layer,
                                   compile_config=compile_config)
+        self.compiles = compile_config is not None
         self.graphs = compiled_graphs()  # torch's count of graphs compiled so far in the process
         self.timer = StepTimer(self.stats, self.target.device)
         self.recorder = OutputRecorder(call.generation_config, batch_size)
