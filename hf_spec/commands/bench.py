@@ -189,14 +189,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """The modes against the models given, the synthetic shapes and device, matplotlib for --plot; the dtype is
     resolved here (the synthetic fit check needs it)."""
+    from ..bench import cache_settings
     from ..bench.report import PLOT_NEEDS
 
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError(PLOT_NEEDS)  # before the benchmark runs, not after it
     if not args.synthetic and not args.target:
         raise ValueError("bench needs --target (or --synthetic TARGET:DRAFT)")
-    if args.compile and args.cache != "static":
-        raise ValueError("--compile compiles decoding steps on a static cache, as generate() does: add --cache static.")
+    cache_settings(args.cache, args.compile)  # --compile without --cache static is refused before any model loads
     if args.modes is None:
         args.modes = modes("vanilla,draft" if args.synthetic else "vanilla,assisted,draft")
     if args.synthetic:

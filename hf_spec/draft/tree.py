@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
-from ..engine.dynamic_tree import TreeConfidence, best_trees, grow_dynamic, grow_static
+from ..engine.dynamic_tree import TreeConfidence, best_trees, grow_dynamic, grow_static, tree_cache_capacity
 from ..engine.proposer import Proposal
 from ..engine.trees import TreeBuffers, build_tree_buffers
 from ..token_map import TokenMap
@@ -38,11 +38,8 @@ class DraftTreeProposer(DraftModelProposer):
                  token_map: TokenMap | None = None, tree_depth: int = 5, tree_top_k: int = 8,
                  confidence: TreeConfidence | None = None, static_tree: list[tuple[int, ...]] | None = None,
                  cache_capacity: int | None = None):
-        # on a static cache: the committed tokens' slots and the tree's entries, at most tree_depth x tree_top_k
-        # (a static tree's nodes with children)
-        entries = len(static_tree) if static_tree is not None else tree_depth * tree_top_k
         super().__init__(draft, padding_mask, batch_size, token_map,
-                         None if cache_capacity is None else cache_capacity + entries)
+                         tree_cache_capacity(cache_capacity, static_tree, tree_depth, tree_top_k))
         self.depth, self.top_k, self.confidence = tree_depth, tree_top_k, confidence
         self.static_tree = static_tree
         self._static_buffers: dict[int, TreeBuffers] = {}

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from ..engine.cache import cache_kwargs, static_capacity
+from ..engine.cache import cache_kwargs
 from ..token_map import TokenMap
 
 
@@ -142,7 +142,8 @@ class EagleDraft(nn.Module):
                 attention: torch.BoolTensor, cache, target_embedding: nn.Module, target_head: nn.Module,
                 from_target: bool = True, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [b, n]; features [b, n, F] (the target's, ``from_target``, or the draft's own outputs [b, n, h]);
-        attention [b, n, cached + n] (True: query may attend key), the cache gains the n entries.
+        attention [b, n, cached + n] (True: query may attend key; on a static cache, one column per slot: the
+        caller owns the cache and masks the slots past the block), the cache gains the n entries.
         Returns (the draft's outputs [b, n, h], to feed back deeper in a tree; float32 logits [b, m, vocab]
         over the target's vocabulary, -inf outside the draft's, for the last m = ``logits_to_keep`` entries, 0:
         all n)."""
@@ -159,9 +160,6 @@ class EagleDraft(nn.Module):
             residual = normed if self.norms.norm_before_residual else x
         if self.rotary_emb.inv_freq.dtype != torch.float32:  # .to(bfloat16) rounded the rotary frequencies
             self.rotary_emb.inv_freq = self._inv_freq.to(x.device)
-        capacity = static_capacity(cache)
-        if capacity is not None:  # a static cache's every slot: those past the block hold rejected entries
-            attention = torch.nn.functional.pad(attention, (0, capacity - attention.shape[-1]), value=False)
         bias = torch.zeros(attention.shape, dtype=x.dtype, device=x.device)
         bias.masked_fill_(~attention, torch.finfo(x.dtype).min)
         attended, _ = layer.self_attn(hidden_states=attention_input,

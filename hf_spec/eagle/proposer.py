@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
-from ..engine.cache import new_cache, rollback, static_capacity
-from ..engine.dynamic_tree import TreeConfidence, best_trees, grow_dynamic, grow_static
+from ..engine.cache import new_cache, rollback
+from ..engine.dynamic_tree import TreeConfidence, best_trees, grow_dynamic, grow_static, tree_cache_capacity
 from ..engine.proposer import Proposal
 from ..engine.timing import elapsed
 from ..engine.trees import TreeBuffers, build_tree_buffers
@@ -53,9 +53,9 @@ class EagleProposer:
         self.hidden_layers = draft.hidden_layers
         self.embedding = target.get_input_embeddings()
         self.head = target.get_output_embeddings() if head is None else head  # scores EAGLE-1/2 proposals
-        # beside a target on a static cache, a static one: an entry per committed token and the tree's entries
-        entries = len(static_tree) if static_tree else tree_depth * tree_top_k
-        self.cache = new_cache(draft, None if cache_capacity is None else cache_capacity + entries)
+        # beside a target on a static cache, a static one (a block's attention then spans its every slot, ``_feed``)
+        self.capacity = tree_cache_capacity(cache_capacity, static_tree, tree_depth, tree_top_k)
+        self.cache = new_cache(draft, self.capacity)
         self.device = next(draft.parameters()).device
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [batch, cached entries]
         self.pads = [0] * batch_size if padding_mask is None else (padding_mask == 0).sum(1).tolist()
@@ -148,10 +148,11 @@ class EagleProposer:
         if window is not None:  # e.g. window 2: a query at position 7 attends keys at positions 6 and 7
             keys = torch.cat([self.valid.long().cumsum(-1) - 1, self.tree_positions, positions], dim=-1)
             attention = attention & (positions[:, :, None] - keys[:, None, :] < window)
+        if self.capacity is not None:  # a static cache's every slot: those past the block hold rejected entries
+            attention = torch.nn.functional.pad(attention, (0, self.capacity - attention.shape[-1]), value=False)
         call = self.draft
-        if self._step_call is not None and n <= max(self.step_entries, self.top_k):  # every slot: a shape a width
+        if self._step_call is not None and n <= max(self.step_entries, self.top_k):  # a shape a width
             call, features = self._step_call, features.contiguous()  # a tree level's may be a view or expanded
-            attention = torch.nn.functional.pad(attention, (0, static_capacity(self.cache) - attention.shape[-1]))
         out = call(tokens, features, positions, attention, self.cache, self.embedding, self.head,
                    from_target=from_target, logits_to_keep=logits_to_keep)
         if not from_target:

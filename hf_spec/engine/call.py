@@ -55,11 +55,15 @@ class DecodingCall:
         return bool(self.generation_config.do_sample)
 
     @property
+    def prepared_cache(self):
+        """The cache generate() prepared or was given (under whichever name), before the loop takes it; or None."""
+        return next((self.model_kwargs[key] for key in CACHE_KEYS if self.model_kwargs.get(key) is not None), None)
+
+    @property
     def cache_capacity(self) -> int | None:
         """The slots of the static cache generate() prepared (``cache_implementation="static"``) or was given; None
         for a cache that grows. The models beside the target get static caches too."""
-        return next((static_capacity(self.model_kwargs[key]) for key in CACHE_KEYS if self.model_kwargs.get(key)),
-                    None)
+        return static_capacity(self.prepared_cache)
 
     @property
     def compile_config(self):
@@ -67,7 +71,7 @@ class DecodingCall:
         rule (``_valid_auto_compile_criteria``: a compilable cache, a static one, on CUDA, or on any device where the
         config's ``_compile_all_devices`` says so; never with ``disable_compile``, quantizers that cannot, or offloaded
         weights); else None."""
-        cache = next((self.model_kwargs[key] for key in CACHE_KEYS if self.model_kwargs.get(key) is not None), None)
+        cache = self.prepared_cache
         if cache is None or not self.model._valid_auto_compile_criteria(
                 {key: cache for key in CACHE_KEYS}, self.generation_config):
             return None

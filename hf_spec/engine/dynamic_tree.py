@@ -41,6 +41,16 @@ class Candidates(NamedTuple):
     ranks: torch.LongTensor  # rank among its siblings
 
 
+def tree_cache_capacity(capacity: int | None, static_tree: list[tuple[int, ...]] | None, tree_depth: int,
+                        tree_top_k: int) -> int | None:
+    """The slots a tree proposer's own cache needs beside a target's static cache of ``capacity``: an entry per
+    committed token and the tree's entries while it grows (a static tree's nodes, else ``tree_depth`` levels of
+    ``tree_top_k``); None beside a cache that grows (the proposer's grows too)."""
+    if capacity is None:
+        return None
+    return capacity + (len(static_tree) if static_tree is not None else tree_depth * tree_top_k)
+
+
 def grow_dynamic(root_logits: torch.Tensor, root_state: torch.Tensor | None, position: torch.LongTensor,
                  depth: int, top_k: int, feed: Feed) -> Candidates:
     """The candidates of a tree ``depth`` levels deep after each row's root, whose children ``root_logits``

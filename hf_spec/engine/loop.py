@@ -71,13 +71,13 @@ class _Decoding:
         self.stats = SpecStats(strategy=proposer.name, batch_size=batch_size)
         self.row_stats = [self.stats] if batch_size == 1 else [SpecStats(strategy=proposer.name)
                                                               for _ in range(batch_size)]
-        self.capacity = call.cache_capacity  # a static cache's slots, or None
         compile_config = call.compile_config  # read off the cache generate() prepared, before it is taken
         self.cache = take_cache(call.model_kwargs) or new_cache(call.model)
         check_rollback_supported(self.cache, f"strategy={proposer.name!r}")
-        check_capacity(self.capacity, call.generation_config.max_length, f"strategy={proposer.name!r}")
         self.target = CachedModel(call.model, self.cache, batch_size, tree_verifier.compact_layer,
                                   compile_config=compile_config)
+        self.capacity = self.target.capacity  # a static cache's slots, or None
+        check_capacity(self.capacity, call.generation_config.max_length, f"strategy={proposer.name!r}")
         self.compiles = compile_config is not None
         self.graphs = compiled_graphs()  # torch's count of graphs compiled so far in the process
         self.timer = StepTimer(self.stats, self.target.device)
