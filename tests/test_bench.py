@@ -194,15 +194,27 @@ def test_the_static_cache_rows_decode_like_vanilla_and_compile_where_asked(tmp_p
     original = bench.cache_settings
     monkeypatch.setattr(bench, "cache_settings",
                         lambda cache, compile_steps: dict(original(cache, False), compile_config=config))
-    run_bench(Contenders(target, perturbed_draft(target, 0.1)), char_tokenizer(),
-              prompts=load_prompts(per_category=1, limit=2), modes=["vanilla", "draft", "lookup"], ks=[2],
-              max_new_tokens=12, progress=False, warmup=0, print_fn=lambda *_: None,
-              json_path=tmp_path / "bench.json", cache="static", compile_steps=True)
+    import hf_spec.engine.loop as loop
+
+    capacities, lines, check = [], [], loop.check_capacity
+    monkeypatch.setattr(loop, "check_capacity", lambda capacity, *args: capacities.append(capacity) or
+                        check(capacity, *args))
+    prompts = load_prompts(per_category=1, limit=2)
+    run_bench(Contenders(target, perturbed_draft(target, 0.1)), char_tokenizer(), prompts=prompts,
+              modes=["vanilla", "draft", "lookup"], ks=[2], max_new_tokens=12, progress=False, warmup=0,
+              print_fn=lines.append, json_path=tmp_path / "bench.json", cache="static", compile_steps=True)
     report = json.loads((tmp_path / "bench.json").read_text())
     overall = {r["mode"]: r for r in report["rows"] if r["category"] == "all"}
     assert all(row["equal_to_vanilla"] == 1.0 for row in overall.values())
     graphs = sum(run["stats"]["compiled_graphs"] for run in report["runs"] if run["stats"])
     assert graphs > 0
+    # one cache length for prompts of different lengths (the longest and 12), so that shapes do not change with them
+    lengths = {len(char_tokenizer()(p.text)["input_ids"]) for p in prompts}
+    assert len(lengths) > 1 and len(capacities) == 4 and set(capacities) == {max(lengths) + 12}
+    # with no warm-up the first calls compile: their compiling is left out of the timings, and said
+    compiling = [run for run in report["runs"] if run["stats"] and run["stats"]["compile_s"]]
+    assert compiling and all(run["compile_s"] == run["stats"]["compile_s"] for run in compiling)
+    assert any(line.startswith("compiling left out of the timings") for line in lines)
 
 
 def test_lookup_modes_end_to_end(tmp_path):

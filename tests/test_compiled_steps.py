@@ -7,8 +7,9 @@ import torch
 from transformers import CompileConfig
 
 import hf_spec
-from hf_spec.engine.loop import compiled_graphs
-from hf_spec.engine.runner import STEP_WIDTHS, _padded_block
+from hf_spec.engine import compiled
+from hf_spec.engine.compiled import StepPaths, compiled_graphs, step_paths
+from hf_spec.engine.runner import STEP_WIDTHS, CachedModel, _padded_block
 from hf_spec.medusa import MedusaHeads
 from test_static_cache import eagle_draft
 
@@ -46,8 +47,10 @@ STRATEGIES = {
 @pytest.fixture(autouse=True)
 def fresh_compiles():
     torch._dynamo.reset()
+    compiled._PATHS.clear()
     yield
     torch._dynamo.reset()
+    compiled._PATHS.clear()
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
@@ -103,6 +106,53 @@ def test_a_64_token_auto_call_compiles_a_handful_of_graphs(target, drafts, promp
     target.generate(**prompt, **settings)
     second = hf_spec.last_stats().compiled_graphs
     assert second <= 1 and first.compiled_graphs + second <= 6
+
+
+@pytest.mark.parametrize("faster", ["compiled", "eager"])
+def test_an_auto_call_keeps_each_compiled_width_only_where_it_times_faster(target, drafts, prompt, monkeypatch,
+                                                                         faster):
+    """On a clock where one path's forwards take 0.1 s and the other's 0.3 s, an "auto" call times both at each width
+    and then runs only the faster, for the target and the draft; the output stays plain generate()'s."""
+    clock, run, calls = [0.0], CachedModel._run, []
+
+    def timed_run(self, tokens, layout, logits_to_keep, hidden_layers, compiled=False):
+        clock[0] += 0.1 if compiled == (faster == "compiled") else 0.3
+        calls.append((self.model, tokens.shape[1], compiled))
+        return run(self, tokens, layout, logits_to_keep, hidden_layers, compiled=compiled)
+
+    monkeypatch.setattr(CachedModel, "_run", timed_run)
+    monkeypatch.setattr(compiled, "clock", lambda: clock[0])
+    out = target.generate(**prompt, do_sample=False, max_new_tokens=64, min_new_tokens=64, strategy="draft",
+                          draft_model=drafts["partly"], num_speculative_tokens="auto", cache_costs=False,
+                          cache_implementation="static", compile_config=compile_config())
+    assert torch.equal(out, target.generate(**prompt, do_sample=False, max_new_tokens=64, min_new_tokens=64))
+    choices = hf_spec.last_stats().choices
+    for model, who in ((target, "target"), (drafts["partly"], "draft")):
+        paths = step_paths(model)
+        assert paths.choice and set(paths.choice.values()) == {faster == "compiled"}
+        assert choices[f"{who}'s compiled steps"].startswith(f"{faster} at width")
+    # the target's last forward ran at a chosen width, on the chosen path
+    last = [(width, ran) for model, width, ran in calls if model is target][-1]
+    assert last[1] == (faster == "compiled") or last[0] not in step_paths(target).choice
+
+
+def test_a_widths_choice_times_each_path_and_not_the_forward_that_compiled(monkeypatch):
+    """Compiled first (its first forward compiles: 5 s, no time), then the two paths alternate until each has three
+    times; the faster by median is kept (here eager, 0.15 s against 0.2 s)."""
+    clock = [0.0]
+    monkeypatch.setattr(compiled, "clock", lambda: clock[0])
+    paths, cpu, ran = StepPaths(), torch.device("cpu"), []
+    while 4 not in paths.choice:
+        path = paths.compiled(4)
+        with paths.timed(4, path, cpu):
+            clock[0] += 0.2 if path else 0.15
+            if not ran:
+                clock[0] += 5.0
+                torch._dynamo.utils.counters["stats"]["unique_graphs"] += 1
+        ran.append(path)
+    assert ran == [True, True, False, True, False, True, False]
+    assert paths.choice == {4: False} and paths.compiled(4) is False
+    assert paths.describe() == "eager at width 4 (timed faster)"
 
 
 def test_the_steps_graphs_are_not_cut_off_by_torchs_limit_per_function(target, drafts, tokenizer, monkeypatch):

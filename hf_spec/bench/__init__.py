@@ -15,7 +15,7 @@ from .report import format_report, plot, summarize, write_json
 from ..prompts import Prompt, batch_prompts, encode
 from ..engine.trees import build_tree_buffers, resolve_tree
 from ..token_map import TokenMap
-from .run import Contenders, mode_names, run_modes
+from .run import STATIC_CACHE_LENGTH, Contenders, mode_names, run_modes, with_cache
 
 
 def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_tokens=64, repeats=1,
@@ -27,8 +27,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     generate() call, left-padded (tokens/s then counts every row's tokens); ``warmup``: prompts every mode
     runs untimed first; ``ranks_path``: where to write the draft's rank of each of vanilla's tokens, teacher-forced,
     with the calibrated costs (``hf_spec.bench.ranks``: what ``hf-spec simulate --ranks`` reads); ``cache``:
-    "static" runs every mode on static caches (``cache_implementation="static"``: vanilla is transformers' own plain
-    decoding on one); ``compile_steps``: with a static cache, compile the decoding steps on any device (transformers'
+    "static" runs every mode on static caches (a ``StaticCache`` a call, of one length for every prompt: the longest
+    prompt and ``max_new_tokens``; vanilla is transformers' own plain decoding on one); ``compile_steps``: with a static cache, compile the decoding steps on any device (transformers'
     ``CompileConfig`` with ``_compile_all_devices``; on CUDA a static cache compiles without it, as generate() does),
     vanilla's by transformers itself."""
     if ranks_path and (do_sample or batch_size > 1 or contenders.draft is None):
@@ -43,6 +43,9 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         prompts, encoded = batch_prompts(prompts, encoded, batch_size, pad_token_id)
         calibrate_costs = False  # the cost model predicts one row
     generation_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, **cache_settings(cache, compile_steps))
+    if cache == "static":  # one length for every call, so that a compiled step's shapes do not change with the prompt
+        del generation_kwargs["cache_implementation"]
+        generation_kwargs[STATIC_CACHE_LENGTH] = max(inputs["input_ids"].shape[1] for inputs in encoded) + max_new_tokens
     names = [name for name in names if runs_on_the_cache(name, contenders, encoded[0], generation_kwargs, print_fn)]
     if do_sample:
         generation_kwargs["temperature"] = temperature
@@ -59,7 +62,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
                           draft_head=draft_head(contenders), draft_widths=parallel)
     references = None
     if alphas:  # the target's own greedy continuations, for the controlled proposer (untimed)
-        references = [contenders.target.generate(**inputs, **generation_kwargs) for inputs in encoded]
+        references = [contenders.target.generate(**inputs, **with_cache(contenders, generation_kwargs))
+                      for inputs in encoded]
     if pad_token_id is not None:
         generation_kwargs["pad_token_id"] = pad_token_id
     vanilla_outputs = [] if ranks_path else None
@@ -84,7 +88,7 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         print_fn(f"the medusa mode's heads score {contenders.medusa_form}")
     report(rows, runs, costs, print_fn)
     if json_path:
-        settings = dict(modes=names, ks=ks, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
+        settings = dict(modes=names, ks=ks, cache=cache, compile_steps=compile_steps, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
                         repeats=repeats, do_sample=do_sample, temperature=temperature, warmup=warmup,
                         prompts=[p.question_id for p in prompts], draft_vocab_size=contenders.draft_vocab_size,
                         draft_form=contenders.draft_form, eagle_tree=contenders.eagle_tree,
@@ -115,7 +119,7 @@ def cache_settings(cache: str, compile_steps: bool) -> dict:
 def runs_on_the_cache(name: str, contenders: Contenders, inputs: dict, generation_kwargs: dict, print_fn) -> bool:
     """Whether transformers runs mode ``name`` with these cache settings (its assisted generation may refuse a static
     cache); a mode it refuses is left out of the table, with why."""
-    if "cache_implementation" not in generation_kwargs or not name.startswith(("assisted@", "hf-lookup")):
+    if STATIC_CACHE_LENGTH not in generation_kwargs or not name.startswith(("assisted@", "hf-lookup")):
         return True
     from .run import generate_once
 
@@ -172,6 +176,11 @@ def draft_head(contenders: Contenders):
 def report(rows: list[dict], runs, costs, print_fn=print) -> None:
     """The table, then where a greedy output differs from vanilla and whether vanilla's top two were a near-tie."""
     print_fn(format_report(rows, costs))
+    compiling = [run for run in runs if run.compile_s]
+    if compiling:
+        print_fn(f"compiling left out of the timings: {sum(run.compile_s for run in compiling):.1f}s in "
+                 f"{len(compiling)} timed calls ({', '.join(sorted({run.mode for run in compiling}))}) that compiled "
+                 "a step shape the warm-up had not")
     for run in runs:
         for difference in run.differences:
             print_fn(f"differs from vanilla: {run.mode} on {run.question_id} ({run.category}), "

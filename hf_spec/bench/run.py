@@ -64,6 +64,7 @@ class Run:
     equal_to_vanilla: bool | None
     stats: dict | None = field(default=None)
     differences: list[dict] = field(default_factory=list)  # greedy: each row's first difference from vanilla
+    compile_s: float = 0.0  # the call's steps that compiled a graph, left out of ``seconds`` (reported apart)
 
 
 def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = None,
@@ -93,13 +94,27 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
     return names
 
 
+STATIC_CACHE_LENGTH = "static_cache_length"  # a bench setting, not generate()'s: each call gets a StaticCache this long
+
+
+def with_cache(contenders: Contenders, generation_kwargs: dict) -> dict:
+    """generate()'s keywords, a fresh ``StaticCache`` of the bench's one length in place of ``STATIC_CACHE_LENGTH``."""
+    if STATIC_CACHE_LENGTH not in generation_kwargs:
+        return generation_kwargs
+    from transformers import StaticCache
+
+    kwargs = dict(generation_kwargs)
+    kwargs["cache"] = StaticCache(config=contenders.target.config, max_cache_len=kwargs.pop(STATIC_CACHE_LENGTH))
+    return kwargs
+
+
 def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kwargs: dict, reference=None):
     """One timed generate() call: (sequences, seconds, stats or None, processed scores or None).
 
     ``reference`` [1, L]: the target's greedy output, for acceptance-controlled modes (draft@k~alpha). Plain
     decoding under greedy keeps its processed scores (both vanilla modes, so that the noise floor compares like
     with like): they tell whether another mode's difference from it is a near-tie."""
-    kwargs = dict(inputs, **generation_kwargs)
+    kwargs = dict(inputs, **with_cache(contenders, generation_kwargs))
     keep_scores = mode.startswith("vanilla") and not generation_kwargs.get("do_sample", False)
     if keep_scores:
         kwargs.update(output_scores=True, return_dict_in_generate=True)
@@ -207,8 +222,10 @@ def run_modes(contenders: Contenders, prompts: list[Prompt], encoded: list[dict]
                 out, seconds, stats, scores = generate_once(mode, contenders, inputs, generation_kwargs, reference)
                 outputs[mode] = out
                 vanilla_scores = scores if mode == "vanilla" else vanilla_scores
+                compile_s = stats["compile_s"] if stats else 0.0  # decoding's time is timed apart from compiling
                 runs.append(Run(mode, prompt.question_id, prompt.category, repeat,
-                                new_token_count(out, inputs, pad_token_id), seconds, None, stats))
+                                new_token_count(out, inputs, pad_token_id), seconds - compile_s, None, stats,
+                                compile_s=compile_s))
                 bar.update()
             if vanilla_outputs is not None and repeat == 0:
                 vanilla_outputs.append(outputs["vanilla"])

@@ -36,6 +36,9 @@ class DraftModelProposer:
         self.covered = [0] * batch_size  # committed tokens of each row the cache holds (left padding included)
         self._pending = None  # what the last proposal fed: (block start, catch-up width and counts, lengths, k)
 
+    def time_compiled_steps(self):
+        return self.draft.time_compiled_steps()
+
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
         # the processors run where generate() built them, on the committed tokens' device; the draft's forward

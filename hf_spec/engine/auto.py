@@ -107,6 +107,8 @@ class AutoLength(Schedule):
     given).
     """
 
+    measures = True
+
     def __init__(self, costs: Costs, calibration: ConfidenceCalibration, max_k: int = 8,
                  draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
                  max_horizon: int = 64, first_k: int = 3, realised: ConfidenceCalibration | None = None,
@@ -331,6 +333,8 @@ class AutoTree(Schedule):
     every step, so switching costs nothing; while plain decoding wins, a probe step after 8, 16, 32, ...
     plain steps (back to 8 when one pays) keeps the accuracy estimate current.
     """
+
+    measures = True
 
     def __init__(self, costs: Costs, accuracy, paths: list[tuple[int, ...]], cadence: ProbeCadence | None = None):
         self.costs, self.accuracy, self.paths = costs, accuracy, list(paths)

@@ -19,6 +19,7 @@ from ..logits import process_block
 from ..verify import TORCH, Acceptance, TreeVerifier
 from .cache import check_rollback_supported, new_cache, take_cache
 from .call import DecodingCall
+from .compiled import compiled_graphs
 from .output import OutputRecorder
 from .proposer import Proposal, Proposer
 from .runner import STEP_WIDTHS, CachedModel, ForwardOutput
@@ -79,6 +80,11 @@ class _Decoding:
         self.capacity = self.target.capacity  # a static cache's slots, or None
         check_capacity(self.capacity, call.generation_config.max_length, f"strategy={proposer.name!r}")
         self.compiles = compile_config is not None
+        self.timed_paths = {}  # who -> StepPaths: an "auto" call keeps each compiled step only where it is faster
+        if self.compiles and schedule.measures:
+            draft = getattr(proposer, "time_compiled_steps", lambda: None)  # a draft model's steps (``Proposer``)
+            self.timed_paths = {who: paths for who, paths in (("target", self.target.time_compiled_steps()),
+                                                              ("draft", draft())) if paths is not None}
         self.graphs = compiled_graphs()  # torch's count of graphs compiled so far in the process
         self.timer = StepTimer(self.stats, self.target.device)
         self.recorder = OutputRecorder(call.generation_config, batch_size)
@@ -251,15 +257,11 @@ class _Decoding:
             self.stats.add_rows(self.row_stats)
         self.stats.total_s = time.perf_counter() - self.start_time
         self.stats.compiled_graphs = compiled_graphs() - self.graphs
+        for who, paths in self.timed_paths.items():
+            self.stats.choices[f"{who}'s compiled steps"] = paths.describe()
         _set_last_stats(self.stats)
         cache = self.cache if self.call.batch_size == 1 else None
         return self.recorder.build(_padded(self.rows, self.call.generation_config), cache, self.stats)
-
-
-def compiled_graphs() -> int:
-    """The graphs torch has compiled in this process (its own counter: a compiled step's first call of a shape adds
-    one)."""
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def check_capacity(capacity: int | None, max_length: int, who: str) -> None:

@@ -76,6 +76,8 @@ class Proposer(Protocol):
     # the target's hidden states the proposer reads (indices into ``output_hidden_states``, concatenated in this
     # order; -1 the last, after the final norm), passed to ``advance``; () for none (nothing extra is computed)
     hidden_layers: tuple[int, ...]
+    # optional: ``time_compiled_steps()``, for a proposer that runs a model's compiled steps (a draft model's): keep
+    # each only where it times faster (``CachedModel.time_compiled_steps``, an "auto" call); returns the record or None
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:

@@ -10,6 +10,7 @@ from transformers.cache_utils import Cache
 
 from ..verify.backends import compact_layer_torch
 from .cache import cache_kwargs, keep_path, rollback, static_capacity
+from .compiled import StepPaths, step_paths
 from .placement import execution_device
 
 
@@ -77,7 +78,8 @@ class CachedModel:
     Compiled steps (``compile_config``, where plain generate() would compile its decoding steps): a forward marked as
     a step runs through the model's compiled call (transformers' ``get_compiled_call``) on a block padded to a width
     of ``STEP_WIDTHS`` (padding after the block, attended by nothing of it, its slots dropped with the rest of the
-    block's rejected ones), so that a compiled forward sees a few shapes; prefills and catch-ups run as they are.
+    block's rejected ones), so that a compiled forward sees a few shapes; prefills and catch-ups run as they are. In an
+    "auto" call each width runs whichever of its compiled and eager forwards times faster (``time_compiled_steps``).
     """
 
     def __init__(self, model, cache: Cache, batch_size: int = 1, compact_layer=compact_layer_torch, head=None,
@@ -95,6 +97,8 @@ class CachedModel:
         self._cache_kwargs = cache_kwargs(self._network, cache)
         self.capacity = static_capacity(cache)  # the slots of a static cache (None: it grows)
         self._step_call = None if compile_config is None else self._network.get_compiled_call(compile_config)
+        # where set (an "auto" call, ``time_compiled_steps``): each step width runs the path that timed faster
+        self.step_paths: StepPaths | None = None
         self._takes_logits_to_keep = head is None and takes_logits_to_keep(type(model))
 
     @property
@@ -120,11 +124,22 @@ class CachedModel:
         tree_mask [n, n], or [batch, n, n] for a tree per row (True: row may attend column), and tree_depths [n]
         or [batch, n] make the block a tree. ``step``: a decoding step, compiled where compiling is on."""
         tokens = tokens.to(self.device)
+        width = self._step_width(tokens.shape[1]) if step and self._step_call is not None else None
+        if width is None or self.step_paths is None:
+            return self._forward(tokens, logits_to_keep, valid, tree_mask, tree_depths, hidden_layers, width)
+        compiled = self.step_paths.compiled(width)
+        with self.step_paths.timed(width, compiled, self.device):
+            return self._forward(tokens, logits_to_keep, valid, tree_mask, tree_depths, hidden_layers,
+                                 width if compiled else None)
+
+    def _forward(self, tokens: torch.LongTensor, logits_to_keep: int, valid: torch.BoolTensor | None,
+                 tree_mask: torch.BoolTensor | None, tree_depths: torch.LongTensor | None,
+                 hidden_layers: tuple[int, ...], width: int | None) -> ForwardOutput:
+        """``forward`` eagerly (``width`` None) or through the compiled call at ``width``."""
         n = tokens.shape[1]
-        width = self._step_width(n) if step and self._step_call is not None else None
         if width is not None and width > n:  # padded at the end: nothing of the block attends it
             tokens, valid, tree_mask, tree_depths = _padded_block(tokens, width, valid, tree_mask, tree_depths)
-            output = self.forward(tokens, 0, valid, tree_mask, tree_depths, hidden_layers, step=True)
+            output = self._forward(tokens, 0, valid, tree_mask, tree_depths, hidden_layers, width)
             keep = logits_to_keep or n
             return ForwardOutput(output.logits[:, n - keep : n],
                                  None if output.hidden is None else output.hidden[:, :n])
@@ -139,6 +154,13 @@ class CachedModel:
         if masked:
             self.valid = torch.cat([past, block], dim=-1)
         return output
+
+    def time_compiled_steps(self) -> StepPaths | None:
+        """Keep each compiled step width only where it times faster than the eager forward (``hf_spec.engine.compiled``);
+        returns the record, or None where the steps do not compile."""
+        if self._step_call is not None:
+            self.step_paths = step_paths(self._network)
+        return self.step_paths
 
     def _step_width(self, n: int) -> int:
         """The width a compiled step of n tokens runs at: the smallest of ``STEP_WIDTHS`` that holds them and fits the

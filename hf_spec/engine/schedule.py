@@ -21,6 +21,10 @@ NAMED_SCHEDULES = ("auto", "stepwise")
 class Schedule:
     """A schedule: the loop calls start() once, then next() and observe() at every step."""
 
+    # an "auto" schedule, which chooses from measured costs: its call's compiled steps are kept only where they time
+    # faster than eager ones (``hf_spec.engine.compiled``)
+    measures = False
+
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
         """A call begins with ``prompt_length`` tokens that no proposer has seen, and may add ``max_new_tokens``."""
 

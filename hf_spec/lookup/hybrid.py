@@ -94,6 +94,10 @@ class LookupAndDraftProposer:
 
     hidden_layers = ()
 
+    def time_compiled_steps(self):
+        fallback = getattr(self.fallback, "time_compiled_steps", None)
+        return None if fallback is None else fallback()
+
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
                  fallback_survival: PositionSurvival | None = None, costs: Costs | None = None,
                  lengths: AnswerLengths | None = None, records_lengths: bool = False,
@@ -401,6 +405,10 @@ class LookupAndDraftSchedule(Schedule):
 
     def __init__(self, proposer: LookupAndDraftProposer, lookup: Schedule, fallback: Schedule):
         self.proposer, self.lookup, self.fallback = proposer, lookup, fallback
+
+    @property
+    def measures(self) -> bool:
+        return self.lookup.measures or self.fallback.measures
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
         self.proposer.start(max_new_tokens)
