@@ -66,14 +66,13 @@ class StepPaths:
             self.choice[width] = statistics.median(times[0]) < statistics.median(times[1])
 
     def describe(self) -> str:
-        """e.g. "compiled at widths 4, 8; eager at 1 (timed faster)"."""
+        """e.g. "compiled at widths 4, 8; eager at width 1 (timed faster); still timing 2"."""
         parts = [f"{path} at width{'s' if len(widths) > 1 else ''} {', '.join(map(str, widths))}"
                  for path, widths in (("compiled", sorted(w for w, c in self.choice.items() if c)),
                                       ("eager", sorted(w for w, c in self.choice.items() if not c))) if widths]
+        chosen = "; ".join(parts) + " (timed faster)" if parts else ""
         trying = sorted(set(self._seconds) - set(self.choice))
-        if trying:
-            parts.append(f"still timing {', '.join(map(str, trying))}")
-        return "; ".join(parts) + (" (timed faster)" if self.choice else "")
+        return "; ".join(filter(None, [chosen, f"still timing {', '.join(map(str, trying))}" if trying else ""]))
 
 
 _PATHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> its StepPaths, for the process
