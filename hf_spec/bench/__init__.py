@@ -28,9 +28,10 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     runs untimed first; ``ranks_path``: where to write the draft's rank of each of vanilla's tokens, teacher-forced,
     with the calibrated costs (``hf_spec.bench.ranks``: what ``hf-spec simulate --ranks`` reads); ``cache``:
     "static" runs every mode on static caches (a ``StaticCache`` a call, of one length for every prompt: the longest
-    prompt and ``max_new_tokens``; vanilla is transformers' own plain decoding on one); ``compile_steps``: with a static cache, compile the decoding steps on any device (transformers'
-    ``CompileConfig`` with ``_compile_all_devices``; on CUDA a static cache compiles without it, as generate() does),
-    vanilla's by transformers itself."""
+    prompt and ``max_new_tokens``; vanilla is transformers' own plain decoding on one); ``compile_steps``: with a
+    static cache, compile the decoding steps on any device (transformers' ``CompileConfig`` with
+    ``_compile_all_devices``; on CUDA a static cache compiles without it, as generate() does), vanilla's by
+    transformers itself; a timed call's compiling is left out of its time and printed apart."""
     if ranks_path and (do_sample or batch_size > 1 or contenders.draft is None):
         raise ValueError("--ranks records the draft's ranks of the target's greedy tokens: one prompt a call, greedy, "
                          "with a draft (--draft).")
@@ -45,7 +46,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
     generation_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, **cache_settings(cache, compile_steps))
     if cache == "static":  # one length for every call, so that a compiled step's shapes do not change with the prompt
         del generation_kwargs["cache_implementation"]
-        generation_kwargs[STATIC_CACHE_LENGTH] = max(inputs["input_ids"].shape[1] for inputs in encoded) + max_new_tokens
+        longest = max(inputs["input_ids"].shape[1] for inputs in encoded)
+        generation_kwargs[STATIC_CACHE_LENGTH] = longest + max_new_tokens
     names = [name for name in names if runs_on_the_cache(name, contenders, encoded[0], generation_kwargs, print_fn)]
     if do_sample:
         generation_kwargs["temperature"] = temperature
@@ -88,7 +90,8 @@ def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_
         print_fn(f"the medusa mode's heads score {contenders.medusa_form}")
     report(rows, runs, costs, print_fn)
     if json_path:
-        settings = dict(modes=names, ks=ks, cache=cache, compile_steps=compile_steps, tree=contenders.tree, tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
+        settings = dict(modes=names, ks=ks, cache=cache, compile_steps=compile_steps, tree=contenders.tree,
+                        tree_nodes=tree_nodes, max_new_tokens=max_new_tokens,
                         repeats=repeats, do_sample=do_sample, temperature=temperature, warmup=warmup,
                         prompts=[p.question_id for p in prompts], draft_vocab_size=contenders.draft_vocab_size,
                         draft_form=contenders.draft_form, eagle_tree=contenders.eagle_tree,

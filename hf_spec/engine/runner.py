@@ -156,8 +156,8 @@ class CachedModel:
         return output
 
     def time_compiled_steps(self) -> StepPaths | None:
-        """Keep each compiled step width only where it times faster than the eager forward (``hf_spec.engine.compiled``);
-        returns the record, or None where the steps do not compile."""
+        """Keep each compiled step width only where it times faster than the eager forward
+        (``hf_spec.engine.compiled``); returns the record, or None where the steps do not compile."""
         if self._step_call is not None:
             self.step_paths = step_paths(self._network)
         return self.step_paths
