@@ -215,6 +215,12 @@ def test_the_static_cache_rows_decode_like_vanilla_and_compile_where_asked(tmp_p
     compiling = [run for run in report["runs"] if run["stats"] and run["stats"]["compile_s"]]
     assert compiling and all(run["compile_s"] == run["stats"]["compile_s"] for run in compiling)
     assert any(line.startswith("compiling left out of the timings") for line in lines)
+    for mode in {run["mode"] for run in compiling}:  # decoding's rate too: prefill and compiling apart
+        stats = [run["stats"] for run in report["runs"] if run["mode"] == mode]
+        decoding = sum(s["total_s"] - s["prefill_s"] - s["compile_s"] for s in stats)
+        assert overall[mode]["decode_tokens_per_s"] == pytest.approx(sum(s["new_tokens"] for s in stats) / decoding)
+        assert stats[0]["decode_tokens_per_second"] == pytest.approx(
+            stats[0]["new_tokens"] / (stats[0]["total_s"] - stats[0]["prefill_s"] - stats[0]["compile_s"]))
 
 
 def test_lookup_modes_end_to_end(tmp_path):

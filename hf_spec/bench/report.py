@@ -49,13 +49,14 @@ def _row(mode, category, runs, all_runs, vanilla_tps, costs, new_tokens, tree_no
     if stats:
         proposed, accepted = sum(s["proposed"] for s in stats), sum(s["accepted"] for s in stats)
         total, prefill = sum(s["total_s"] for s in stats), sum(s["prefill_s"] for s in stats)
+        compiling = sum(s.get("compile_s", 0.0) for s in stats)  # reported apart (runs saved before it: none)
         survival = _survival(stats)
         tokens_per_step = sum(s["accepted"] + s["bonus"] for s in stats) / sum(s["steps"] for s in stats)
         predicted = _predicted(mode, costs, stats, survival, tokens_per_step, new_tokens, tree_nodes or {})
         row.update(
             acceptance_rate=accepted / proposed if proposed else 0.0,
             tokens_per_step=tokens_per_step,
-            decode_tokens_per_s=sum(s["new_tokens"] for s in stats) / (total - prefill),
+            decode_tokens_per_s=sum(s["new_tokens"] for s in stats) / (total - prefill - compiling),
             overhead_share=sum(s["overhead_s"] for s in stats) / total,
             acceptance_by_position=survival,
             k_histogram=_histogram(stats),

@@ -91,7 +91,7 @@ class SpecStats:
 
     @property
     def decode_tokens_per_second(self) -> float:
-        decode_s = self.total_s - self.prefill_s
+        decode_s = self.total_s - self.prefill_s - self.compile_s  # a step that compiled is compile time
         return self.new_tokens / decode_s if decode_s > 0 else 0.0
 
     @property
