@@ -21,7 +21,7 @@ from .cache import check_rollback_supported, new_cache, take_cache
 from .call import DecodingCall
 from .compiled import compiled_graphs
 from .output import OutputRecorder
-from .proposer import Proposal, Proposer
+from .proposer import Proposal, Proposer, time_compiled_steps
 from .runner import STEP_WIDTHS, CachedModel, ForwardOutput
 from .schedule import Schedule
 from .stats import SpecStats, StepTimer, _set_last_stats
@@ -82,9 +82,9 @@ class _Decoding:
         self.compiles = compile_config is not None
         self.timed_paths = {}  # who -> StepPaths: an "auto" call keeps each compiled step only where it is faster
         if self.compiles and schedule.measures:
-            draft = getattr(proposer, "time_compiled_steps", lambda: None)  # a draft model's steps (``Proposer``)
             self.timed_paths = {who: paths for who, paths in (("target", self.target.time_compiled_steps()),
-                                                              ("draft", draft())) if paths is not None}
+                                                              ("draft", time_compiled_steps(proposer)))
+                                if paths is not None}
         self.graphs = compiled_graphs()  # torch's count of graphs compiled so far in the process
         self.timer = StepTimer(self.stats, self.target.device)
         self.recorder = OutputRecorder(call.generation_config, batch_size)

@@ -6,12 +6,15 @@ One loop (``hf_spec.engine.loop``) drives every strategy, for one row or a batch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from transformers import LogitsProcessorList
 
 from .trees import TreeBuffers, build_tree_buffers
+
+if TYPE_CHECKING:
+    from .compiled import StepPaths
 
 
 @dataclass
@@ -77,7 +80,8 @@ class Proposer(Protocol):
     # order; -1 the last, after the final norm), passed to ``advance``; () for none (nothing extra is computed)
     hidden_layers: tuple[int, ...]
     # optional: ``time_compiled_steps()``, for a proposer that runs a model's compiled steps (a draft model's): keep
-    # each only where it times faster (``CachedModel.time_compiled_steps``, an "auto" call); returns the record or None
+    # each only where it times faster (``CachedModel.time_compiled_steps``, an "auto" call); returns the record or None.
+    # Callers go through ``time_compiled_steps(proposer)``
 
     def propose(self, rows: list[torch.LongTensor], k: int, logits_processor: LogitsProcessorList,
                 do_sample: bool, max_depth: int) -> Proposal:
@@ -91,3 +95,9 @@ class Proposer(Protocol):
         prompt's tokens, left padding included, but the last unless the prefill scored the first step; after a
         verification: the root and the accepted proposals; none for a finished row), so the last is at the last
         token it cached."""
+
+
+def time_compiled_steps(proposer) -> StepPaths | None:
+    """``proposer.time_compiled_steps()`` where the proposer has it (the optional member of ``Proposer``), else None."""
+    method = getattr(proposer, "time_compiled_steps", None)
+    return None if method is None else method()

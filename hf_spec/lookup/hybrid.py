@@ -13,7 +13,7 @@ from transformers import LogitsProcessorList
 from ..engine.estimates import AnswerLengths, CallYield, PositionSurvival
 from ..engine.costs import Costs
 from ..engine.memory import pair_memory
-from ..engine.proposer import Proposal, Proposer
+from ..engine.proposer import Proposal, Proposer, time_compiled_steps
 from ..engine.schedule import Schedule
 from .auto import MatchSurvival
 from .generate import lookup_proposer, lookup_schedule, lookup_settings
@@ -95,8 +95,7 @@ class LookupAndDraftProposer:
     hidden_layers = ()
 
     def time_compiled_steps(self):
-        fallback = getattr(self.fallback, "time_compiled_steps", None)
-        return None if fallback is None else fallback()
+        return time_compiled_steps(self.fallback)
 
     def __init__(self, lookup: PromptLookupProposer, fallback: Proposer, vocab_size: int,
                  fallback_survival: PositionSurvival | None = None, costs: Costs | None = None,
