@@ -113,8 +113,35 @@ def test_mode_names():
         "vanilla", "vanilla-again", "hf-lookup", "lookup", "draft+lookup@3", "auto+lookup"]
     assert mode_names(["vanilla", "draft-tree", "auto-tree", "default"], [3], tree_nodes=[8, 12]) == [
         "vanilla", "vanilla-again", "draft-tree@8", "draft-tree@12", "auto-tree", "default"]
+    assert mode_names(["vanilla", "assisted-full", "hf-assisted"], [3, 4]) == [
+        "vanilla", "vanilla-again", "assisted-full@3", "assisted-full@4", "hf-assisted"]
     with pytest.raises(ValueError, match="Unknown mode 'lookahead'"):
         mode_names(["vanilla", "lookahead"], [3])
+
+
+def test_assisted_rows_give_transformers_the_draft_and_settings_each_names(monkeypatch):
+    """assisted@k: the draft modes' draft at k, no threshold; assisted-full@k: the draft as loaded; hf-assisted:
+    transformers' own defaults, whatever a row before it set on the same draft."""
+    from transformers import GenerationMixin
+
+    from hf_spec.bench.run import generate_once
+
+    target = tiny_causal_lm(hidden_size=64, num_layers=2)
+    contenders = Contenders(target, perturbed_draft(target, 0.1), full_draft=perturbed_draft(target, 0.2))
+    seen = []
+
+    def recording(self, *args, assistant_model=None, **kwargs):
+        config = assistant_model.generation_config
+        seen.append((assistant_model, config.num_assistant_tokens, config.num_assistant_tokens_schedule,
+                     config.assistant_confidence_threshold))
+        return torch.zeros(1, 1, dtype=torch.long)
+
+    monkeypatch.setattr(GenerationMixin, "generate", recording)
+    inputs = {"input_ids": torch.tensor([[1, 2, 3]])}
+    for mode in ("assisted@3", "hf-assisted", "assisted-full@4"):
+        generate_once(mode, contenders, inputs, {"max_new_tokens": 4})
+    assert seen == [(contenders.draft, 3, "constant", 0.0), (contenders.draft, None, None, None),
+                    (contenders.full_draft, 4, "constant", 0.0)]
 
 
 def test_bench_end_to_end_json_and_plot(tmp_path):

@@ -129,8 +129,8 @@ def _draft_q_before_processors(monkeypatch):
     original = DraftModelProposer._next_token
 
     def next_token(logits, prefix, processors, do_sample, *row_of_batch):
-        token, _ = original(logits.clone(), prefix, processors, do_sample, *row_of_batch)
-        return token, logits.softmax(-1)
+        token, _, probability = original(logits.clone(), prefix, processors, do_sample, *row_of_batch)
+        return token, logits.softmax(-1), probability
 
     monkeypatch.setattr(DraftModelProposer, "_next_token", staticmethod(next_token))
 

@@ -57,8 +57,8 @@ def test_each_strategy_declares_its_default_in_its_signature():
         if name == "medusa":  # tree= sets its nodes: it takes no num_speculative_tokens
             assert "num_speculative_tokens" not in parameters
             continue
-        if name == "draft":  # None: the chain's default k, or with tree= the tree's ("auto")
-            assert parameters["num_speculative_tokens"].default is None and length.default == 5
+        if name == "draft":  # None: the chain's default, or with tree= the tree's (both "auto")
+            assert parameters["num_speculative_tokens"].default is None and length.default == "auto"
             assert draft.TREE_LENGTH.default == "auto"
             continue
         assert parameters["num_speculative_tokens"].default == length.default

@@ -15,7 +15,7 @@ from .report import format_report, plot, summarize, write_json
 from ..prompts import Prompt, batch_prompts, encode
 from ..engine.trees import build_tree_buffers, resolve_tree
 from ..token_map import TokenMap
-from .run import STATIC_CACHE_LENGTH, Contenders, mode_names, run_modes, with_cache
+from .run import ASSISTED, STATIC_CACHE_LENGTH, Contenders, mode_names, run_modes, with_cache
 
 
 def run_bench(contenders: Contenders, tokenizer, *, prompts, modes, ks, max_new_tokens=64, repeats=1,
@@ -122,7 +122,7 @@ def cache_settings(cache: str, compile_steps: bool) -> dict:
 def runs_on_the_cache(name: str, contenders: Contenders, inputs: dict, generation_kwargs: dict, print_fn) -> bool:
     """Whether transformers runs mode ``name`` with these cache settings (its assisted generation may refuse a static
     cache); a mode it refuses is left out of the table, with why."""
-    if STATIC_CACHE_LENGTH not in generation_kwargs or not name.startswith(("assisted@", "hf-lookup")):
+    if STATIC_CACHE_LENGTH not in generation_kwargs or not name.startswith((*ASSISTED, "hf-lookup")):
         return True
     from .run import generate_once
 
@@ -138,16 +138,16 @@ def check_contenders(contenders: Contenders, names: list[str], batch_size: int) 
     """Refuse modes the models given cannot run (ValueError); the nodes verified per step by each tree mode that
     verifies a fixed number, by family: "medusa" with a fixed tree, "eagle" with a number of nodes (an
     acceptance-controlled eagle~alpha row always), and each draft-tree@n row."""
-    if batch_size > 1 and any(n.startswith("assisted@") for n in names):
+    if batch_size > 1 and any(n.startswith(ASSISTED) for n in names):
         raise ValueError("transformers' assisted generation takes one row at a time: drop the assisted mode "
                          "for --batch-size > 1.")
-    if any(n.startswith(("assisted@", "draft", "parallel@", "auto", "stepwise")) for n in names) and \
+    if any(n.startswith((*ASSISTED, "draft", "parallel@", "auto", "stepwise")) for n in names) and \
             contenders.draft is None:
         raise ValueError("The assisted and draft modes need a draft model (--draft).")
     if "default" in names and contenders.draft_path is None:
         raise ValueError("The default mode names the draft by its path (Contenders.draft_path, --draft).")
-    if any(n.startswith("draft-full@") for n in names) and contenders.full_draft is None:
-        raise ValueError("The draft-full mode needs the draft in full precision (Contenders.full_draft).")
+    if any(n.startswith(("draft-full@", "assisted-full@")) for n in names) and contenders.full_draft is None:
+        raise ValueError("The draft-full and assisted-full modes need the draft as loaded (Contenders.full_draft).")
     nodes = {name: int(name.split("@")[1]) for name in names if name.startswith("draft-tree@")}
     if any(n.startswith("eagle") for n in names):
         if contenders.eagle_model is None:

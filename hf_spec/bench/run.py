@@ -1,7 +1,10 @@
 """``hf-spec bench``: every mode in one process, on the same prompts, interleaved prompt by prompt.
 
 Modes: ``vanilla`` (plain generate), ``vanilla-again`` (the noise floor: plain generate compared with
-itself), ``assisted@k`` (transformers' assisted generation, constant k, no confidence threshold),
+itself), ``assisted@k`` (transformers' assisted generation given the draft modes' draft, constant k, no confidence
+threshold), ``assisted-full@k`` (the same with the draft as loaded: what a transformers user who loads it gets),
+``hf-assisted`` (transformers' assisted generation with its own defaults: up to 20 tokens a step, drafting ended where
+the draft's top probability falls below 0.4; the draft modes' draft),
 ``draft@k`` (the draft as a chain: ``parallel_draft=False``, in the form the draft modes share: by default what
 ``draft_quantization="auto"`` and ``draft_vocab_size="auto"`` choose), ``draft-tree@n`` (the draft's dynamic tree,
 n nodes verified a step: ``tree="dynamic"``) and ``auto-tree`` (its "auto" node count), ``default`` (nothing but
@@ -26,8 +29,9 @@ from ..engine.stats import last_stats
 from ..prompts import Prompt
 from .near_tie import first_differences
 
-MODES = ("vanilla", "assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft-tree", "auto-tree",
+MODES = ("vanilla", "assisted", "assisted-full", "hf-assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft-tree", "auto-tree",
          "default", "medusa", "eagle", "hf-lookup", "lookup", "draft+lookup", "auto+lookup")  # what --modes takes
+ASSISTED = ("assisted@", "assisted-full@", "hf-assisted")  # the rows transformers' assisted generation runs
 HF_LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens (and the default of strategy="prompt_lookup")
 
 
@@ -41,7 +45,7 @@ class Contenders:
     tree: object = None
     draft_vocab_size: int | None = None  # the draft modes' draft_vocab_size (all but draft-full@k)
     draft_form: str | None = None  # the form the draft modes' draft is in, and why (printed, kept in the JSON)
-    full_draft: object = None  # the draft in full precision (rows draft-full@k)
+    full_draft: object = None  # the draft as loaded, in full precision (rows draft-full@k, assisted-full@k)
     eagle_model: object = None  # an EagleDraft (row eagle)
     eagle_nodes: int | str = "auto"  # the eagle row's num_speculative_tokens
     eagle_tree: object = "dynamic"  # the eagle row's tree: "dynamic" or a static tree's paths (train-eagle's tree.json)
@@ -80,12 +84,12 @@ def mode_names(modes: list[str], ks: list[int], alphas: list[float] | None = Non
             names += [f"draft@{k}~{alpha}" for alpha in alphas for k in ks]
         elif mode in ("auto", "eagle", "medusa") and alphas:
             names += [f"{mode}~{alpha}" for alpha in alphas]
-        elif mode in ("assisted", "draft", "draft-full", "parallel", "draft+lookup"):
+        elif mode in ("assisted", "assisted-full", "draft", "draft-full", "parallel", "draft+lookup"):
             names += [f"{mode}@{k}" for k in ks]
         elif mode == "draft-tree":
             names += [f"draft-tree@{n}" for n in tree_nodes]
-        elif mode in ("medusa", "eagle", "auto", "stepwise", "auto-tree", "default", "hf-lookup", "lookup",
-                      "auto+lookup"):
+        elif mode in ("medusa", "eagle", "auto", "stepwise", "auto-tree", "default", "hf-assisted", "hf-lookup",
+                      "lookup", "auto+lookup"):
             names.append(mode)
         else:
             raise ValueError(f"Unknown mode {mode!r}: choose from {', '.join(MODES)}.")
@@ -120,12 +124,17 @@ def generate_once(mode: str, contenders: Contenders, inputs: dict, generation_kw
         kwargs.update(output_scores=True, return_dict_in_generate=True)
     if "~" in mode:
         kwargs.update(controlled_kwargs(mode, contenders, reference))
-    elif mode.startswith("assisted@"):
-        config = contenders.draft.generation_config
-        config.num_assistant_tokens = int(mode.split("@")[1])
-        config.num_assistant_tokens_schedule = "constant"
-        config.assistant_confidence_threshold = 0.0
-        kwargs["assistant_model"] = contenders.draft
+    elif mode.startswith(ASSISTED):
+        draft = contenders.full_draft if mode.startswith("assisted-full@") else contenders.draft
+        config = draft.generation_config
+        if mode == "hf-assisted":  # None: transformers' own defaults (20 tokens, constant, threshold 0.4)
+            config.num_assistant_tokens = config.num_assistant_tokens_schedule = None
+            config.assistant_confidence_threshold = None
+        else:
+            config.num_assistant_tokens = int(mode.split("@")[1])
+            config.num_assistant_tokens_schedule = "constant"
+            config.assistant_confidence_threshold = 0.0
+        kwargs["assistant_model"] = draft
     elif mode == "hf-lookup":
         kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
     elif mode == "lookup":

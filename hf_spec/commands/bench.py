@@ -18,8 +18,8 @@ from ..prompts import load_prompts
 
 NAME = "bench"
 HELP = "tokens/s against plain generate() and assisted generation"
-DRAFT_MODES = ("assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft-tree", "auto-tree", "default",
-               "draft+lookup", "auto+lookup")
+DRAFT_MODES = ("assisted", "assisted-full", "hf-assisted", "draft", "draft-full", "parallel", "auto", "stepwise",
+               "draft-tree", "auto-tree", "default", "draft+lookup", "auto+lookup")
 SYNTHETIC_MODES = ("vanilla", "draft", "auto", "eagle", "medusa")  # what --synthetic builds random models for
 
 
@@ -116,7 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"any of {', '.join(MODES)} (vanilla among them; default vanilla,assisted,draft; "
                              "--synthetic runs vanilla,draft (its default), auto, eagle, medusa); draft@k runs the draft as "
                              "a chain in the form --draft-quantization/--draft-vocab-size set, draft-full@k the same "
-                             "draft in full precision, parallel@k a parallel draft (pard_token in its config) "
+                             "draft in full precision (assisted-full@k: transformers' assisted generation with it), "
+                             "hf-assisted transformers' assisted generation with its own defaults, "
+                             "parallel@k a parallel draft (pard_token in its config) "
                              "proposing k tokens from one forward")
     parser.add_argument("--k", type=k_list, default="3,5,8", help="speculative tokens, comma-separated (each >= 1)")
     parser.add_argument("--tree-nodes", type=k_list, default="8,16",
@@ -350,7 +352,7 @@ def load_contenders(args: argparse.Namespace):
         contenders.draft_path = args.draft
         contenders.draft_tree = {name: value for name, value in (("tree_depth", args.tree_depth),
                                                                  ("tree_top_k", args.tree_top_k)) if value}
-    if "draft-full" in args.modes:
+    if "draft-full" in args.modes or "assisted-full" in args.modes:
         contenders.full_draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=args.dtype).eval()
     return contenders
 

@@ -10,6 +10,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from ..engine.auto import AutoLength
+from ..engine.confidence_stop import ConfidenceStop
 from ..engine.call import DecodingCall
 from ..engine.dynamic_tree import AutoDynamicTree, TreeConfidence
 from ..engine.loop import speculative_generate
@@ -29,7 +30,7 @@ from .parallel import ParallelDraftProposer, ParallelLength, uses_parallel_draft
 from .proposer import DraftModelProposer
 from .tree import DraftTreeProposer
 
-LENGTH = SpeculationLength("draft", "draft tokens proposed per step (one chain)", default=5,
+LENGTH = SpeculationLength("draft", "draft tokens proposed per step (one chain)", default="auto",
                            named=("auto", "stepwise"))
 TREE_LENGTH = SpeculationLength("draft", "tree's nodes per step, with tree= (the draft's tree, verified at once)",
                                 default="auto")
@@ -50,8 +51,10 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     proposals go through text under greedy decoding, through the tokens both vocabularies share under sampling
     (``hf_spec.draft.cross_tokenizer``); one row per call.
     num_speculative_tokens: k, the draft tokens proposed per verification step: an int >= 1, "stepwise" (start
-    at 3, +1 while a step accepts >= 50%, else -1) or "auto" (the k, including 0 = plain decoding, that the
-    measured costs and acceptance say is fastest; ``cache_costs=False`` forgets costs measured in earlier calls).
+    at 3, +1 while a step accepts >= 50%, else -1) or "auto" (the default: the k, including 0 = plain decoding, that
+    the measured costs and acceptance say is fastest, and for a chain of the target's tokens the draft may stop
+    sooner or go on up to 8 as its own confidence says, ``hf_spec.engine.confidence_stop``; ``cache_costs=False``
+    forgets costs measured in earlier calls).
     draft_quantization: for a draft given by id or path, "auto" (the default: the weights, as loaded, int8 or int4,
     that predict the most tokens per second beside this target on this machine, ``hf_spec.draft.forms``),
     "int8_weight_only", "int4_weight_only" (CPU), "4bit", "8bit" (bitsandbytes), a BitsAndBytesConfig, or None (as
@@ -83,7 +86,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
                            token_streamer=token_streamer, stop_strings=stop_strings,
                            target_tokenizer=target_tokenizer, own_options=LOOKUP_OPTIONS if prompt_lookup else (),
                            **model_kwargs)
-    if num_speculative_tokens is None:  # the default: a chain of 5, or the tree's "auto"
+    if num_speculative_tokens is None:  # the default: "auto", for a chain or a tree
         num_speculative_tokens = LENGTH.default if tree is None else TREE_LENGTH.default
     paths = tree_paths(tree, num_speculative_tokens, tree_depth, tree_top_k, prompt_lookup, parallel_draft)
     if tree is None:
@@ -99,8 +102,10 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         return tree_generate(call, draft, draft_vocab_size, paths, num_speculative_tokens, tree_depth, tree_top_k,
                              tree_verifier, cache_costs, form)
     parallel = uses_parallel_drafting(draft.model, parallel_draft, same_tokenizer=draft.tokenizers is None)
-    proposer = draft_proposer(draft, call, draft_vocab_size, parallel)
-    schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs, parallel)
+    # a chain's "auto" lets the draft end a step's chain early (not beside a lookup, whose schedule sizes both)
+    stops = not parallel and not prompt_lookup and draft.tokenizers is None
+    schedule = draft_schedule(num_speculative_tokens, model, draft.model, call.do_sample, cache_costs, parallel, stops)
+    proposer = draft_proposer(draft, call, draft_vocab_size, parallel, schedule.confidence_stop)
     if prompt_lookup:
         proposer, schedule = beside_prompt_lookup(proposer, schedule, call, draft.model, num_speculative_tokens,
                                                   cache_costs)
@@ -175,14 +180,17 @@ def vocab_choice(draft: ResolvedDraft, requested) -> tuple[int | None, str]:
     return _VOCAB_CHOICES[draft.model]
 
 
-def draft_proposer(draft: ResolvedDraft, call: DecodingCall, draft_vocab_size: int | None, parallel: bool = False):
+def draft_proposer(draft: ResolvedDraft, call: DecodingCall, draft_vocab_size: int | None, parallel: bool = False,
+                   confidence_stop: ConfidenceStop | None = None):
     """The draft's proposer: on the target's token ids where the two share a tokenizer (``parallel``: k tokens from
-    one forward), else across tokenizers."""
+    one forward; else a chain, which ``confidence_stop`` may end early), else across tokenizers."""
     if draft.tokenizers is None:
         token_map = draft_token_map(draft_vocab_size, draft.model, call.input_ids, call.generation_config)
-        proposer = ParallelDraftProposer if parallel else DraftModelProposer
-        return proposer(draft.model, call.padding_mask, call.batch_size, token_map, call.cache_capacity,
-                        call.compile_config)
+        if parallel:
+            return ParallelDraftProposer(draft.model, call.padding_mask, call.batch_size, token_map,
+                                         call.cache_capacity, call.compile_config)
+        return DraftModelProposer(draft.model, call.padding_mask, call.batch_size, token_map, call.cache_capacity,
+                                  call.compile_config, confidence_stop)
     if draft_vocab_size is not None:
         raise ValueError("draft_vocab_size restricts a draft to target ids, so it needs a draft with the target's "
                          "tokenizer; drop draft_vocab_size= for a draft with another tokenizer.")
@@ -203,16 +211,18 @@ def draft_token_map(draft_vocab_size: int | None, draft, input_ids: torch.LongTe
 
 
 def draft_schedule(num_speculative_tokens, target, draft, do_sample: bool = False,
-                   cache_costs: bool = True, parallel: bool = False) -> Schedule:
+                   cache_costs: bool = True, parallel: bool = False, stops: bool = False) -> Schedule:
     """The schedule of k for ``num_speculative_tokens`` (``LENGTH``): an int >= 1, "stepwise" or "auto" (costs and
     calibrations kept for this pair unless ``cache_costs=False``; ``parallel``: a parallel draft's, a step priced as
-    one forward, kept apart from the same draft's as a chain)."""
+    one forward, kept apart from the same draft's as a chain; ``stops``: "auto" lets the chain's draft stop early,
+    ``ConfidenceStop``)."""
     def auto() -> AutoLength:
         memory = pair_memory(target, draft, cache_costs, variant="parallel" if parallel else "")
         length = ParallelLength if parallel else AutoLength
+        kwargs = dict(confidence_stop=ConfidenceStop(memory.draft_confidence_for(do_sample))) if stops else {}
         return length(memory.costs, memory.calibration_for(do_sample),
                       draft_cost_ratio=draft.num_parameters() / target.num_parameters(),
                       realised=memory.realised_for(do_sample), runs=memory.runs_for(do_sample),
-                      lengths=memory.answer_lengths, budget=memory.probe_budget)
+                      lengths=memory.answer_lengths, budget=memory.probe_budget, **kwargs)
 
     return LENGTH.schedule(num_speculative_tokens, auto)

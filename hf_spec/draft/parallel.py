@@ -97,7 +97,7 @@ class ParallelDraftProposer(DraftModelProposer):
         for r, prefix in enumerate(prefixes):
             row_probs = []
             for i in range(logits.shape[1]):
-                token, q = self._next_token(logits[r : r + 1, i], prefix, logits_processor, do_sample, r,
+                token, q, _ = self._next_token(logits[r : r + 1, i], prefix, logits_processor, do_sample, r,
                                             len(prefixes))
                 prefix = torch.cat([prefix, token], dim=-1)
                 row_probs.append(q)

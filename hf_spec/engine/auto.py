@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .confidence_stop import ConfidenceStop
 from .costs import Costs, best_tree_size, expected_tokens_per_step
 from .estimates import AnswerLengths, CallAcceptance, ConfidenceCalibration
 from .schedule import Schedule
@@ -104,7 +105,9 @@ class AutoLength(Schedule):
     until measured; smoothing: the weight of each new token in the acceptance average; max_horizon: the most
     tokens ahead a switch to speculation is expected to pay over; first_k: the length of the steps that measure
     the draft's costs, once per pair; budget: what probes may spend (``ProbeBudget``, the pair's; fresh when not
-    given).
+    given); confidence_stop: where given, a step that speculates offers the draft up to ``max_k`` tokens and sets the
+    rule by which it stops sooner (``hf_spec.engine.confidence_stop``; the draft's proposer reads it); the steps that
+    measure or probe keep their length.
     """
 
     measures = True
@@ -113,8 +116,9 @@ class AutoLength(Schedule):
                  draft_cost_ratio: float = 0.5, catch_up_ratio: float = 0.1, smoothing: float = 0.3,
                  max_horizon: int = 64, first_k: int = 3, realised: ConfidenceCalibration | None = None,
                  lengths: AnswerLengths | None = None, runs: ConfidenceCalibration | None = None,
-                 budget: ProbeBudget | None = None):
+                 budget: ProbeBudget | None = None, confidence_stop: ConfidenceStop | None = None):
         self.costs, self.calibration, self.max_k, self.first_k = costs, calibration, max_k, first_k
+        self.confidence_stop = confidence_stop
         self.budget = budget if budget is not None else ProbeBudget()
         self.probe_price: float | None = None  # the last step chosen is a probe bought at this price
         self.realised = realised or ConfidenceCalibration.of_predictions()
@@ -218,19 +222,39 @@ class AutoLength(Schedule):
 
     def next(self) -> int:
         self.predicted_for_step, self.probe_price = self.acceptance, None
+        if self.confidence_stop is not None:
+            self.confidence_stop.thresholds = []  # a step that measures or probes keeps its length
         if 1 not in self.costs.verify:
             return 0  # measure plain decoding first
         if not self.draft_measured():
             return self.first_k  # then, once per pair, the draft's catch-up on the prompt and its cost per token
         k = self.best_k()
         if k > 0 and (self.behind <= 1 or self.worth_catching_up()):
-            return k
+            if self.confidence_stop is None:
+                return k
+            self.confidence_stop.thresholds = self.stop_thresholds(k)
+            return self.max_k
         self.budget.earn(self.costs.verify_cost(1))
         price = self.probe_cost()
         if self.budget.buy(price):
             self.probe_price = price
             return self.first_k
         return 0
+
+    def stop_thresholds(self, k: int) -> list[float]:
+        """What the draft's S_j must reach to go on after its j-th token, j = 1 .. max_k - 1
+        (``hf_spec.engine.confidence_stop``): going on to m > j tokens costs (m - j) c_d(1) + V(m + 1) - V(j + 1) (the
+        verification's part at least 0: measured widths are noisy) and brings S_j (a + ... + a^(m - j)) tokens, a the
+        next proposals' acceptance, worth it where that beats r, the tokens per second of a chain of ``k`` (the step's
+        best). The threshold is the least S_j that some m makes worth it: a step of the cost curve (a compiled width
+        padded to the next) is weighed against all the tokens beyond it, not one."""
+        a = self.expected_acceptance()
+        rate = self.expected_rate(k, a)
+        return [min(((m - j) * self.draft_token_cost()
+                     + max(self.costs.verify_cost(m + 1) - self.costs.verify_cost(j + 1), 0.0)) * rate
+                    / sum(a ** i for i in range(1, m - j + 1))
+                    for m in range(j + 1, self.max_k + 1))
+                for j in range(1, self.max_k)]
 
     def probe_cost(self) -> float:
         """What a probe of ``first_k`` proposals costs beyond a plain step where none is accepted: the draft's

@@ -19,6 +19,8 @@ class PairMemory:
     calibration: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     realised: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample
     runs: dict[bool, ConfidenceCalibration] = field(default_factory=dict)  # by do_sample: AutoLength.runs
+    # by do_sample: acceptance by the draft's probability of its pick (a chain's ConfidenceStop)
+    draft_confidence: dict[bool, ConfidenceCalibration] = field(default_factory=dict)
     head_accuracy: object = None  # Medusa heads: a hf_spec.medusa.accuracy.HeadAccuracy
     tree_confidence: object = None  # dynamic trees (EAGLE, a draft's): a hf_spec.engine.dynamic_tree.TreeConfidence
     probe_cadence: ProbeCadence = field(default_factory=ProbeCadence)  # Medusa's and EAGLE's auto: plain steps
@@ -36,6 +38,9 @@ class PairMemory:
 
     def runs_for(self, do_sample: bool) -> ConfidenceCalibration:
         return self.runs.setdefault(do_sample, ConfidenceCalibration.of_predictions())
+
+    def draft_confidence_for(self, do_sample: bool) -> ConfidenceCalibration:
+        return self.draft_confidence.setdefault(do_sample, ConfidenceCalibration())
 
 
 class PairMemories:

@@ -24,6 +24,8 @@ class Schedule:
     # an "auto" schedule, which chooses from measured costs: its call's compiled steps are kept only where they time
     # faster than eager ones (``hf_spec.engine.compiled``)
     measures = False
+    # a chain's "auto": the rule by which the draft may end a step's chain before k (``hf_spec.engine.confidence_stop``)
+    confidence_stop = None
 
     def start(self, prompt_length: int, max_new_tokens: int) -> None:
         """A call begins with ``prompt_length`` tokens that no proposer has seen, and may add ``max_new_tokens``."""
