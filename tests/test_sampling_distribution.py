@@ -110,6 +110,37 @@ def test_a_draft_vocabulary_subset_keeps_the_target_distribution(pair):
     assert 0.2 < acceptance_rate < 0.95
 
 
+def test_chains_the_drafts_confidence_ends_keep_the_target_distribution(pair, monkeypatch):
+    """A chain's "auto" lets the draft stop where the probabilities of what it drew say so
+    (``hf_spec.engine.confidence_stop``): a first step of 1 or 2 proposals (all its 3 new tokens leave room for), by
+    the draws, and the target's distribution."""
+    import sys
+
+    from hf_spec.engine.confidence_stop import ConfidenceStop
+    from hf_spec.engine.schedule import FixedLength
+
+    def stopping_schedule(*args, **kwargs):
+        schedule = FixedLength(3)
+        schedule.confidence_stop = ConfidenceStop(thresholds=[0.5, 0.3])
+        return schedule
+
+    monkeypatch.setattr(sys.modules["hf_spec.draft.generate"], "draft_schedule", stopping_schedule)
+    lengths = set()
+    original = DraftModelProposer.propose
+
+    def recording(self, rows, *args, **kwargs):
+        proposal = original(self, rows, *args, **kwargs)
+        if rows[0].shape[1] == PROMPT.shape[1]:  # the first step
+            lengths.add(proposal.k)
+        return proposal
+
+    monkeypatch.setattr(DraftModelProposer, "propose", recording)
+    samples, acceptance_rate = draw(pair, k=3)
+    assert lengths == {1, 2}
+    assert chi_square_p_value(samples, exact_joint(pair[0])) > ALPHA
+    assert 0.2 < acceptance_rate < 0.95
+
+
 def _unnormalised_sample_from(probs, uniform):
     """Inverse CDF without scaling by the total mass: the residual max(0, p - q) is treated as if it summed to 1."""
     index = torch.searchsorted(probs.cumsum(-1), uniform.unsqueeze(-1), right=True)
