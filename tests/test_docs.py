@@ -119,7 +119,7 @@ RUN_LINE = re.compile(r"^- \[`[^`]+`\]\(([^)\s]+)\), (\d{4}-\d{2}-\d{2}): .*`.+`
 
 
 def indexed_runs(index: str) -> list[str]:
-    """The files (or folders) the run lines of the measurements index name, e.g. ["bf16-26q-int8-auto.json"]:
+    """The files (or folders) the run lines of the measurements index name, e.g. ["bf16-26q-confidence-stop.json"]:
     each line "- [`NAME`](NAME), DATE: `command`. What it is for." names its run first."""
     return [match[1].rstrip("/") for line in index.splitlines() if (match := RUN_LINE.match(line))]
 
@@ -166,8 +166,8 @@ def test_benchmarks_is_a_manual_and_every_run_is_indexed():
     benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
     assert "measurements/README.md" in benchmarks and "only when a headline changes" in benchmarks
     doc_tables = load_doc_tables()
-    assert doc_tables.tables((ROOT / "README.md").read_text()) == ["docs/measurements/bf16-26q-int8-auto.json"]
-    headline = ["bf16-26q-int8-auto", "fp32-13q-auto-lookup-optimistic", "bf16-lookup-32q-auto-lookup",
+    assert doc_tables.tables((ROOT / "README.md").read_text()) == ["docs/measurements/bf16-26q-confidence-stop.json"]
+    headline = ["bf16-26q-confidence-stop", "fp32-13q-auto-lookup-optimistic", "bf16-lookup-32q-auto-lookup",
                 "bf16-qwen15b-eagle3-tree1", "bf16-smollm2-medusa-eagle3-s2e4", "bf16-13q-pard-60k"]
     assert all(f"measurements/{name}.json" in doc_tables.tables(benchmarks) for name in headline)
 
@@ -201,7 +201,7 @@ def _figures(line):
 def test_a_table_is_what_the_bench_printed_and_a_changed_figure_is_caught(tmp_path):
     doc_tables = load_doc_tables()
     measurements = ROOT / "docs" / "measurements"
-    for name in ["bf16-26q-int8-auto", "bf16-smollm2-medusa-eagle3-s2e4"]:  # a draft run; a Medusa and EAGLE run
+    for name in ["bf16-26q-confidence-stop", "bf16-smollm2-medusa-eagle3-s2e4"]:  # a draft run; a Medusa and EAGLE run
         printed = {_figures(line) for line in (measurements / f"{name}.txt").read_text().splitlines()}
         for part in ("overall", "modes", "categories"):
             lines = doc_tables.render(measurements / f"{name}.json", part).strip("`\n").splitlines()

@@ -2,7 +2,7 @@
 
 A generated table sits between two markers in a markdown file, its JSON named relative to that file:
 
-    <!-- table: measurements/bf16-26q-int8-auto.json -->
+    <!-- table: measurements/bf16-26q-confidence-stop.json -->
     ```
     (what `hf-spec bench` printed for that run: the table, k per step, noise floor, costs)
     ```
