@@ -29,8 +29,9 @@ from ..engine.stats import last_stats
 from ..prompts import Prompt
 from .near_tie import first_differences
 
-MODES = ("vanilla", "assisted", "assisted-full", "hf-assisted", "draft", "draft-full", "parallel", "auto", "stepwise", "draft-tree", "auto-tree",
-         "default", "medusa", "eagle", "hf-lookup", "lookup", "draft+lookup", "auto+lookup")  # what --modes takes
+MODES = ("vanilla", "assisted", "assisted-full", "hf-assisted", "draft", "draft-full", "parallel", "auto", "stepwise",
+         "draft-tree", "auto-tree", "default", "medusa", "eagle", "hf-lookup", "lookup", "draft+lookup",
+         "auto+lookup")  # what --modes takes
 ASSISTED = ("assisted@", "assisted-full@", "hf-assisted")  # the rows transformers' assisted generation runs
 HF_LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens (and the default of strategy="prompt_lookup")
 

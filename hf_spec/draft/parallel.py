@@ -98,7 +98,7 @@ class ParallelDraftProposer(DraftModelProposer):
             row_probs = []
             for i in range(logits.shape[1]):
                 token, q, _ = self._next_token(logits[r : r + 1, i], prefix, logits_processor, do_sample, r,
-                                            len(prefixes))
+                                               len(prefixes))
                 prefix = torch.cat([prefix, token], dim=-1)
                 row_probs.append(q)
             chosen.append(prefix[:, -logits.shape[1]:])

@@ -252,7 +252,7 @@ class AutoLength(Schedule):
         rate = self.expected_rate(k, a)
         return [min(((m - j) * self.draft_token_cost()
                      + max(self.costs.verify_cost(m + 1) - self.costs.verify_cost(j + 1), 0.0)) * rate
-                    / sum(a ** i for i in range(1, m - j + 1))
+                    / sum(self.survival(m - j, a))
                     for m in range(j + 1, self.max_k + 1))
                 for j in range(1, self.max_k)]
 

@@ -43,10 +43,10 @@ class ConfidenceStop:
 
     def goes_on(self, probabilities: list[list[float]]) -> bool:
         """Whether the draft proposes another token, having picked ``probabilities[r]`` (j each) for each row."""
+        if not self.thresholds:
+            return True  # no rule this step: the chain runs to the length it was given
         j = len(probabilities[0])
-        if j > len(self.thresholds):
-            return not self.thresholds  # no rule this step: the chain runs to the length it was given
-        return any(self.survival(row) >= self.thresholds[j - 1] for row in probabilities)
+        return j <= len(self.thresholds) and any(self.survival(row) >= self.thresholds[j - 1] for row in probabilities)
 
     def observe(self, probabilities: list[list[float]], accepted: list[int]) -> None:
         """Row r's target kept the first ``accepted[r]`` of the tokens its draft picked with ``probabilities[r]``:
